@@ -1,0 +1,128 @@
+//! Requests (rank -> coordinator) and responses (coordinator -> every rank).
+
+use crate::types::{DataType, Device, ReduceOp, RequestKind};
+use serde::{Deserialize, Serialize};
+
+/// One rank's wish to run a collective on one named tensor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// The rank that sent the request.
+    pub rank: u32,
+    /// The tensor's name; unique among the names in flight on a rank.
+    pub tensor_name: String,
+    pub kind: RequestKind,
+    pub dtype: DataType,
+    /// The tensor's shape on this rank (empty for a scalar).
+    pub shape: Vec<u64>,
+    pub device: Device,
+    /// Root rank for broadcast; 0 otherwise.
+    pub root_rank: u32,
+    /// Reduce op for allreduce and reduce-scatter; `Sum` otherwise.
+    pub reduce_op: ReduceOp,
+    /// Factor applied to the input before the reduction.
+    pub prescale: f64,
+    /// Factor applied to the output after the reduction.
+    pub postscale: f64,
+    /// Alltoall: how many first-dimension rows go to each rank (empty means
+    /// even split).
+    pub splits: Vec<u64>,
+}
+
+impl Request {
+    /// A request with neutral defaults (root 0, sum, scale factors 1, CPU, no
+    /// splits) to be adjusted with struct update syntax.
+    pub fn new(rank: u32, tensor_name: impl Into<String>, kind: RequestKind, dtype: DataType, shape: Vec<u64>) -> Self {
+        Request {
+            rank,
+            tensor_name: tensor_name.into(),
+            kind,
+            dtype,
+            shape,
+            device: Device::Cpu,
+            root_rank: 0,
+            reduce_op: ReduceOp::Sum,
+            prescale: 1.0,
+            postscale: 1.0,
+            splits: Vec::new(),
+        }
+    }
+
+    /// Number of elements (product of the shape; 1 for a scalar).
+    pub fn num_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Everything one rank sends to the coordinator in one cycle.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestList {
+    pub requests: Vec<Request>,
+    /// The rank asks the job to shut down.
+    pub shutdown: bool,
+}
+
+/// What a response tells the ranks to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ResponseKind {
+    /// Perform this collective.
+    Op(RequestKind),
+    /// Fail the named tensors' handles with `error_message`.
+    Error,
+}
+
+/// The coordinator's decision for one tensor, or for several fused tensors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub kind: ResponseKind,
+    /// One name, or several when fused (performed in this order).
+    pub tensor_names: Vec<String>,
+    /// Set when `kind` is `Error`; names the tensor, the values and the ranks.
+    pub error_message: String,
+    pub dtype: DataType,
+    /// The device of each rank, in rank order.
+    pub devices: Vec<Device>,
+    pub reduce_op: ReduceOp,
+    pub root_rank: u32,
+    pub prescale: f64,
+    pub postscale: f64,
+    /// Allgather: first-dimension size of every rank's tensor in rank order
+    /// (for fused allgathers, tensor after tensor: `tensor_names.len() x size`).
+    pub first_dims: Vec<u64>,
+    /// Alltoall: every rank's split sizes, rank after rank (`size x size`).
+    pub splits: Vec<u64>,
+    /// Number of elements of each tensor (allreduce, broadcast,
+    /// reduce-scatter), in the order of `tensor_names`; used for fusion.
+    pub tensor_sizes: Vec<u64>,
+}
+
+impl Response {
+    /// An error response for the given tensor.
+    pub fn error(tensor_name: impl Into<String>, message: impl Into<String>) -> Self {
+        Response {
+            kind: ResponseKind::Error,
+            tensor_names: vec![tensor_name.into()],
+            error_message: message.into(),
+            dtype: DataType::U8,
+            devices: Vec::new(),
+            reduce_op: ReduceOp::Sum,
+            root_rank: 0,
+            prescale: 1.0,
+            postscale: 1.0,
+            first_dims: Vec::new(),
+            splits: Vec::new(),
+            tensor_sizes: Vec::new(),
+        }
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.kind == ResponseKind::Error
+    }
+}
+
+/// Everything the coordinator broadcasts in one cycle.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResponseList {
+    pub responses: Vec<Response>,
+    /// Every rank must shut down after performing `responses`.
+    pub shutdown: bool,
+}

@@ -1,0 +1,202 @@
+//! The scalar vocabulary shared by every kolo crate: data types, reduce
+//! operations, devices and the kinds of collective request.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DataType {
+    U8,
+    I8,
+    U16,
+    I16,
+    I32,
+    I64,
+    F16,
+    BF16,
+    F32,
+    F64,
+    Bool,
+}
+
+impl DataType {
+    /// Every data type, in declaration order.
+    pub const ALL: [DataType; 11] = [
+        DataType::U8,
+        DataType::I8,
+        DataType::U16,
+        DataType::I16,
+        DataType::I32,
+        DataType::I64,
+        DataType::F16,
+        DataType::BF16,
+        DataType::F32,
+        DataType::F64,
+        DataType::Bool,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::U8 | DataType::I8 | DataType::Bool => 1,
+            DataType::U16 | DataType::I16 | DataType::F16 | DataType::BF16 => 2,
+            DataType::I32 | DataType::F32 => 4,
+            DataType::I64 | DataType::F64 => 8,
+        }
+    }
+
+    /// True for f16, bf16, f32 and f64.
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::F16 | DataType::BF16 | DataType::F32 | DataType::F64
+        )
+    }
+
+    /// The lower-case name used in messages, flags and the timeline.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::U8 => "u8",
+            DataType::I8 => "i8",
+            DataType::U16 => "u16",
+            DataType::I16 => "i16",
+            DataType::I32 => "i32",
+            DataType::I64 => "i64",
+            DataType::F16 => "f16",
+            DataType::BF16 => "bf16",
+            DataType::F32 => "f32",
+            DataType::F64 => "f64",
+            DataType::Bool => "bool",
+        }
+    }
+
+    /// Parses the name printed by [`DataType::name`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<DataType> {
+        DataType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the elements contributed by the ranks are combined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    /// Sum divided by the number of ranks.
+    Average,
+    Min,
+    Max,
+    Product,
+}
+
+impl ReduceOp {
+    /// Every reduce op, in declaration order.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Average,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Product,
+    ];
+
+    /// The lower-case name used in messages and flags.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Average => "average",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Product => "product",
+        }
+    }
+
+    /// Parses the name printed by [`ReduceOp::name`] (case-insensitive; `avg`
+    /// and `prod` are accepted too).
+    pub fn from_name(name: &str) -> Option<ReduceOp> {
+        match name.to_ascii_lowercase().as_str() {
+            "avg" => Some(ReduceOp::Average),
+            "prod" => Some(ReduceOp::Product),
+            n => ReduceOp::ALL.into_iter().find(|o| o.name() == n),
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a tensor lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Device {
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(u32),
+}
+
+impl Device {
+    pub const fn is_cpu(self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// The collective a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RequestKind {
+    Allreduce,
+    Allgather,
+    Broadcast,
+    ReduceScatter,
+    Alltoall,
+    Barrier,
+    Join,
+}
+
+impl RequestKind {
+    pub const ALL: [RequestKind; 7] = [
+        RequestKind::Allreduce,
+        RequestKind::Allgather,
+        RequestKind::Broadcast,
+        RequestKind::ReduceScatter,
+        RequestKind::Alltoall,
+        RequestKind::Barrier,
+        RequestKind::Join,
+    ];
+
+    /// The upper-case name used in messages and on the timeline (Horovod's
+    /// spelling: `ALLREDUCE`, `REDUCESCATTER`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            RequestKind::Allreduce => "ALLREDUCE",
+            RequestKind::Allgather => "ALLGATHER",
+            RequestKind::Broadcast => "BROADCAST",
+            RequestKind::ReduceScatter => "REDUCESCATTER",
+            RequestKind::Alltoall => "ALLTOALL",
+            RequestKind::Barrier => "BARRIER",
+            RequestKind::Join => "JOIN",
+        }
+    }
+}
+
+impl fmt::Display for RequestKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,1 @@
+//! kolo-threads (threads work owns this crate).

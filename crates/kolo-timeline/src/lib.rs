@@ -1,0 +1,1 @@
+//! kolo-timeline (timeline work owns this crate).

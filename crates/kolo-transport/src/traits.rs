@@ -1,0 +1,147 @@
+//! The two planes (DESIGN.md): the control plane moves small host byte
+//! messages for negotiation; the data plane moves tensors.
+
+use crate::element::Element;
+use crate::error::Result;
+use crate::transaction::Transaction;
+use kolo_protocol::ReduceOp;
+
+/// Bitwise reduction for [`Controller::bitwise_allreduce`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BitOp {
+    And,
+    Or,
+}
+
+/// Which memory a backend's data plane reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    Host,
+    Cuda,
+}
+
+/// Factors applied around a reduction: `out = postscale * reduce(prescale * in_r)`.
+/// `ReduceOp::Average` folds `1 / size` into the postscale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    pub prescale: f64,
+    pub postscale: f64,
+}
+
+impl Scale {
+    pub const NONE: Scale = Scale {
+        prescale: 1.0,
+        postscale: 1.0,
+    };
+
+    pub fn is_identity(&self) -> bool {
+        self.prescale == 1.0 && self.postscale == 1.0
+    }
+}
+
+impl Default for Scale {
+    fn default() -> Self {
+        Scale::NONE
+    }
+}
+
+/// Where this rank stands in its communicator; shared by both planes.
+pub trait Topology {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Rank among the ranks of this host.
+    fn local_rank(&self) -> usize;
+    /// Number of ranks on this host.
+    fn local_size(&self) -> usize;
+}
+
+/// The control plane: small host-memory messages between all ranks of a
+/// communicator. Every rank must make the same calls in the same order.
+pub trait Controller: Topology {
+    /// Gathers every rank's message at `root`: `Some(messages in rank order)`
+    /// on the root, `None` elsewhere.
+    fn gather_bytes(&mut self, msg: &[u8], root: usize) -> Result<Option<Vec<Vec<u8>>>>;
+    /// The root's `msg` is returned on every rank (the other ranks' `msg` is
+    /// ignored).
+    fn broadcast_bytes(&mut self, msg: &[u8], root: usize) -> Result<Vec<u8>>;
+    /// Every rank's message, in rank order, on every rank.
+    fn allgather_bytes(&mut self, msg: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Returns once every rank has entered.
+    fn control_barrier(&mut self) -> Result<()>;
+    /// In-place bitwise AND / OR of `words` across ranks (the response
+    /// cache's fast path). Every rank passes the same length.
+    fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()>;
+}
+
+/// The data plane on host memory. Every rank must make the same collective
+/// calls in the same order with compatible arguments; arguments that cannot
+/// match (lengths) are reported as [`crate::TransportError::InvalidArgument`]
+/// where a rank can see it locally.
+///
+/// Counts are in elements, never bytes.
+pub trait Collectives: Topology {
+    /// Which memory the buffers live in (host for everything in this trait).
+    fn memory(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+
+    /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
+    /// divides the sum by `size` (see [`Element::scale`] for integers).
+    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()>;
+
+    /// Concatenates every rank's `send` in rank order into `recv`.
+    /// `counts[r]` is rank r's element count; `send.len() == counts[rank]`
+    /// and `recv.len() == sum(counts)`.
+    fn allgatherv<T: Element>(&mut self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()>;
+
+    /// The root's `buf` is copied into every rank's `buf`.
+    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()>;
+
+    /// Reduces every rank's `send` (length `sum(counts)`, same on all ranks)
+    /// and leaves block `rank` (offset `sum(counts[..rank])`, length
+    /// `counts[rank]`) in `recv`.
+    fn reduce_scatter<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()>;
+
+    /// `send` holds `send_counts[p]` elements for each peer p, peer after
+    /// peer; `recv` receives `recv_counts[p]` from each peer p, in peer order.
+    fn alltoallv<T: Element>(
+        &mut self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()>;
+
+    /// Sends `buf` to `peer` with `tag`. Messages between one pair with one
+    /// tag arrive in the order sent.
+    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()>;
+
+    /// Receives exactly `buf.len()` elements from `peer` with `tag`; a message
+    /// of another length is an `InvalidArgument` error naming both lengths.
+    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()>;
+
+    /// Returns once every rank has entered.
+    fn barrier(&mut self) -> Result<()>;
+
+    /// Runs every operation of `tx` as one group: sends and receives inside a
+    /// transaction may be matched in any order without deadlock, collectives
+    /// run in the order scheduled. A backend with native groups (NCCL) issues
+    /// it as one; the default runs it with [`Transaction::run_default`].
+    fn execute<T: Element>(&mut self, tx: Transaction<'_, T>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        tx.run_default(self)
+    }
+}
+
+/// A complete backend: control plane and host data plane.
+pub trait Backend: Controller + Collectives {}
+impl<B: Controller + Collectives> Backend for B {}

@@ -1,0 +1,118 @@
+//! Transactions (LLMQ): several operations scheduled, then issued together.
+
+use crate::element::Element;
+use crate::error::Result;
+use crate::traits::{Collectives, Scale};
+use crate::TransportError;
+use kolo_protocol::ReduceOp;
+
+/// One operation scheduled into a [`Transaction`].
+#[derive(Debug)]
+pub enum TxOp<'a, T> {
+    /// Even reduce-scatter: `recv.len() * size == send.len()`.
+    ReduceScatter {
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+        scale: Scale,
+    },
+    /// Even all-gather: `send.len() * size == recv.len()`.
+    AllGather { send: &'a [T], recv: &'a mut [T] },
+    Send { buf: &'a [T], peer: usize, tag: u32 },
+    Recv { buf: &'a mut [T], peer: usize, tag: u32 },
+}
+
+/// Operations collected between `begin` ([`Transaction::new`]) and
+/// [`Collectives::execute`].
+#[derive(Debug)]
+pub struct Transaction<'a, T> {
+    ops: Vec<TxOp<'a, T>>,
+}
+
+impl<T> Default for Transaction<'_, T> {
+    fn default() -> Self {
+        Transaction { ops: Vec::new() }
+    }
+}
+
+impl<'a, T: Element> Transaction<'a, T> {
+    /// Begins an empty transaction.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn reduce_scatter(&mut self, send: &'a [T], recv: &'a mut [T], op: ReduceOp, scale: Scale) -> &mut Self {
+        self.ops.push(TxOp::ReduceScatter { send, recv, op, scale });
+        self
+    }
+
+    pub fn all_gather(&mut self, send: &'a [T], recv: &'a mut [T]) -> &mut Self {
+        self.ops.push(TxOp::AllGather { send, recv });
+        self
+    }
+
+    pub fn send(&mut self, buf: &'a [T], peer: usize, tag: u32) -> &mut Self {
+        self.ops.push(TxOp::Send { buf, peer, tag });
+        self
+    }
+
+    pub fn recv(&mut self, buf: &'a mut [T], peer: usize, tag: u32) -> &mut Self {
+        self.ops.push(TxOp::Recv { buf, peer, tag });
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The scheduled operations, in order.
+    pub fn into_ops(self) -> Vec<TxOp<'a, T>> {
+        self.ops
+    }
+
+    /// Runs the transaction on `comm` one operation at a time: collectives in
+    /// scheduled order, then every send, then every receive. Correct for
+    /// backends whose `send` completes without waiting for the receiver
+    /// (buffered / eager sends, as in kolo-threads); a backend without that
+    /// guarantee overrides [`Collectives::execute`].
+    pub fn run_default<C: Collectives + ?Sized>(self, comm: &mut C) -> Result<()> {
+        let mut recvs = Vec::new();
+        let mut sends = Vec::new();
+        for op in self.ops {
+            match op {
+                TxOp::ReduceScatter { send, recv, op, scale } => {
+                    let counts = even_counts(send.len(), recv.len(), comm.size())?;
+                    comm.reduce_scatter(send, recv, &counts, op, scale)?;
+                }
+                TxOp::AllGather { send, recv } => {
+                    let counts = even_counts(recv.len(), send.len(), comm.size())?;
+                    comm.allgatherv(send, recv, &counts)?;
+                }
+                s @ TxOp::Send { .. } => sends.push(s),
+                r @ TxOp::Recv { .. } => recvs.push(r),
+            }
+        }
+        for op in sends.into_iter().chain(recvs) {
+            match op {
+                TxOp::Send { buf, peer, tag } => comm.send(buf, peer, tag)?,
+                TxOp::Recv { buf, peer, tag } => comm.recv(buf, peer, tag)?,
+                _ => unreachable!("only point-to-point operations were deferred"),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `size` equal blocks of `part` elements that tile `total`.
+fn even_counts(total: usize, part: usize, size: usize) -> Result<Vec<usize>> {
+    if part.checked_mul(size) != Some(total) {
+        return Err(TransportError::InvalidArgument(format!(
+            "transaction: {size} blocks of {part} elements do not make the {total} elements given"
+        )));
+    }
+    Ok(vec![part; size])
+}

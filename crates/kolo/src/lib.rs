@@ -1,0 +1,1 @@
+//! kolo facade (engine work owns this crate).

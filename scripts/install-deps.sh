@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kolo's tests need, when missing. Idempotent and
+# non-interactive; `cargo xtask test` works after it on a fresh machine.
+set -euo pipefail
+
+# Nothing is needed yet for the default (threads) build; MPI and UCX come with
+# their backends and are listed here.
+needed=()
+
+missing=()
+for pkg in "${needed[@]+"${needed[@]}"}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,1 @@
+//! kolo-conformance (transport work owns this crate).

@@ -10,5 +10,6 @@ pub mod transaction;
 
 pub use element::Element;
 pub use error::{Result, TransportError};
+pub use algorithms::Generic;
 pub use traits::{Backend, BitOp, Collectives, Controller, MemoryKind, Scale, Topology};
 pub use transaction::{Transaction, TxOp};

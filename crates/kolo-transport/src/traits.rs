@@ -78,46 +78,18 @@ pub trait Controller: Topology {
 /// match (lengths) are reported as [`crate::TransportError::InvalidArgument`]
 /// where a rank can see it locally.
 ///
+/// Only `send` and `recv` are required: every collective has a default
+/// written once in [`crate::algorithms`] against point-to-point messages
+/// (ring allreduce, ring allgatherv, binomial-tree broadcast, pairwise
+/// alltoallv, ...), so a point-to-point backend gets them all. Backends with
+/// native or shared-memory collectives override them.
+///
 /// Counts are in elements, never bytes.
 pub trait Collectives: Topology {
-    /// Which memory the buffers live in (host for everything in this trait).
+    /// Which memory the buffers live in.
     fn memory(&self) -> MemoryKind {
         MemoryKind::Host
     }
-
-    /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
-    /// divides the sum by `size` (see [`Element::scale`] for integers).
-    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()>;
-
-    /// Concatenates every rank's `send` in rank order into `recv`.
-    /// `counts[r]` is rank r's element count; `send.len() == counts[rank]`
-    /// and `recv.len() == sum(counts)`.
-    fn allgatherv<T: Element>(&mut self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()>;
-
-    /// The root's `buf` is copied into every rank's `buf`.
-    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()>;
-
-    /// Reduces every rank's `send` (length `sum(counts)`, same on all ranks)
-    /// and leaves block `rank` (offset `sum(counts[..rank])`, length
-    /// `counts[rank]`) in `recv`.
-    fn reduce_scatter<T: Element>(
-        &mut self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[usize],
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<()>;
-
-    /// `send` holds `send_counts[p]` elements for each peer p, peer after
-    /// peer; `recv` receives `recv_counts[p]` from each peer p, in peer order.
-    fn alltoallv<T: Element>(
-        &mut self,
-        send: &[T],
-        send_counts: &[usize],
-        recv: &mut [T],
-        recv_counts: &[usize],
-    ) -> Result<()>;
 
     /// Sends `buf` to `peer` with `tag`. Messages between one pair with one
     /// tag arrive in the order sent.
@@ -127,8 +99,88 @@ pub trait Collectives: Topology {
     /// of another length is an `InvalidArgument` error naming both lengths.
     fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()>;
 
+    /// Sends `send` to `dst` and receives `recv` from `src` without
+    /// deadlocking when every rank does the same (the exchange step of ring
+    /// algorithms). The default sends first, which is correct for backends
+    /// whose `send` does not wait for the receiver; others override it.
+    fn sendrecv<T: Element>(
+        &mut self,
+        send: &[T],
+        dst: usize,
+        recv: &mut [T],
+        src: usize,
+        tag: u32,
+    ) -> Result<()> {
+        self.send(send, dst, tag)?;
+        self.recv(recv, src, tag)
+    }
+
+    /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
+    /// divides the sum by `size` (see [`Element::scale`] for integers).
+    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::ring_allreduce(self, buf, op, scale)
+    }
+
+    /// Concatenates every rank's `send` in rank order into `recv`.
+    /// `counts[r]` is rank r's element count; `send.len() == counts[rank]`
+    /// and `recv.len() == sum(counts)`.
+    fn allgatherv<T: Element>(&mut self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::ring_allgatherv(self, send, recv, counts)
+    }
+
+    /// The root's `buf` is copied into every rank's `buf`.
+    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::tree_broadcast(self, buf, root)
+    }
+
+    /// Reduces every rank's `send` (length `sum(counts)`, same on all ranks)
+    /// and leaves block `rank` (offset `sum(counts[..rank])`, length
+    /// `counts[rank]`) in `recv`, scaled as in `allreduce`.
+    fn reduce_scatter<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::ring_reduce_scatter(self, send, recv, counts, op, scale)
+    }
+
+    /// `send` holds `send_counts[p]` elements for each peer p, peer after
+    /// peer; `recv` receives `recv_counts[p]` from each peer p, in peer order.
+    fn alltoallv<T: Element>(
+        &mut self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::pairwise_alltoallv(self, send, send_counts, recv, recv_counts)
+    }
+
     /// Returns once every rank has entered.
-    fn barrier(&mut self) -> Result<()>;
+    fn barrier(&mut self) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::algorithms::dissemination_barrier(self)
+    }
 
     /// Runs every operation of `tx` as one group: sends and receives inside a
     /// transaction may be matched in any order without deadlock, collectives

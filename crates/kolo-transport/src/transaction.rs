@@ -79,7 +79,7 @@ impl<'a, T: Element> Transaction<'a, T> {
     /// backends whose `send` completes without waiting for the receiver
     /// (buffered / eager sends, as in kolo-threads); a backend without that
     /// guarantee overrides [`Collectives::execute`].
-    pub fn run_default<C: Collectives + ?Sized>(self, comm: &mut C) -> Result<()> {
+    pub fn run_default<C: Collectives>(self, comm: &mut C) -> Result<()> {
         let mut recvs = Vec::new();
         let mut sends = Vec::new();
         for op in self.ops {

@@ -57,6 +57,9 @@ pub struct CycleOutput {
     pub responses: Vec<Response>,
     /// Every rank must stop after performing `responses`.
     pub shutdown: bool,
+    /// The ranks that asked for the shutdown (empty unless `shutdown`), so
+    /// that pending handles can fail naming them.
+    pub shutdown_ranks: Vec<u32>,
     pub events: Vec<NegotiationEvent>,
     pub stats: CycleStats,
 }

@@ -1,0 +1,200 @@
+//! `MpiComm`: one rank's MPI communicators — a private duplicate of the world
+//! for the control plane, another for the data plane — and its topology.
+
+use crate::datatype::Types;
+use crate::raw::check;
+use crate::runtime::{Runtime, ThreadLevel};
+use kolo_transport::{Result, Topology, TransportError};
+use mpi::ffi::{self, MPI_Comm};
+use mpi::traits::AsRaw;
+use std::os::raw::{c_int, c_void};
+use std::sync::Arc;
+
+extern "C" {
+    fn kolo_mpi_in_place() -> *mut c_void;
+    fn kolo_mpi_tag_ub_key() -> c_int;
+}
+
+/// One rank of an MPI job, implementing kolo's control plane and host data
+/// plane. Create it with [`MpiComm::init`] (once per process).
+pub struct MpiComm {
+    // Field order matters: MPI objects are freed before MPI is finalised.
+    pub(crate) types: Types,
+    pub(crate) control: MPI_Comm,
+    pub(crate) data: MPI_Comm,
+    pub(crate) in_place: *mut c_void,
+    pub(crate) tag_ub: u32,
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    runtime: Arc<Runtime>,
+}
+
+// SAFETY: MPI handles are process-wide values, valid from any thread. kolo
+// calls MPI from one thread at a time (the owner of `&mut MpiComm`); when MPI
+// granted less than MPI_THREAD_MULTIPLE, kolo's engine creates the MpiComm on
+// its background thread and makes every call from there (see `init`).
+unsafe impl Send for MpiComm {}
+
+impl MpiComm {
+    /// Initialises MPI on the calling thread and returns this process's
+    /// rank. Requests `MPI_THREAD_MULTIPLE`, or `MPI_THREAD_FUNNELED` when
+    /// `threads_disable` (kolo's `KOLO_MPI_THREADS_DISABLE=1`); with anything
+    /// below MULTIPLE, use the communicator only from this thread.
+    pub fn init(threads_disable: bool) -> Result<MpiComm> {
+        let runtime = Runtime::init(!threads_disable)?;
+        let world = runtime
+            .world()
+            .ok_or_else(|| TransportError::Backend("MPI world communicator unavailable".into()))?;
+        let world = world.as_raw();
+        let control = dup(world)?;
+        let data = dup(world)?;
+        let (rank, size) = rank_size(data)?;
+        let local = split_shared(world)?;
+        let local_topology = rank_size(local);
+        free_comm(local);
+        let (local_rank, local_size) = local_topology?;
+        // SAFETY: the shim returns MPI's own constants.
+        let (in_place, tag_ub_key) = unsafe { (kolo_mpi_in_place(), kolo_mpi_tag_ub_key()) };
+        let tag_ub = tag_upper_bound(world, tag_ub_key)?;
+        Ok(MpiComm {
+            types: Types::create()?,
+            control,
+            data,
+            in_place,
+            tag_ub,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            runtime,
+        })
+    }
+
+    /// The thread level MPI granted.
+    pub fn thread_level(&self) -> ThreadLevel {
+        self.runtime.level
+    }
+
+    /// True when MPI granted `MPI_THREAD_MULTIPLE` (kolo may then call MPI
+    /// from several threads).
+    pub fn threads_supported(&self) -> bool {
+        self.runtime.level == ThreadLevel::Multiple
+    }
+
+    /// Ends the whole MPI job with `code` after printing `message` (used when
+    /// a rank cannot continue and peers would otherwise wait forever).
+    pub fn abort(&self, code: i32, message: &str) -> ! {
+        eprintln!("kolo-mpi: rank {} aborts the job: {message}", self.rank);
+        // SAFETY: MPI_Abort on a valid communicator; it does not return.
+        unsafe {
+            ffi::MPI_Abort(self.data, code);
+        }
+        std::process::exit(code)
+    }
+
+    pub(crate) fn check_peer(&self, peer: usize, what: &str) -> Result<c_int> {
+        if peer >= self.size {
+            return Err(TransportError::InvalidArgument(format!(
+                "{what}: rank {peer} out of range for {} ranks",
+                self.size
+            )));
+        }
+        Ok(peer as c_int)
+    }
+
+    pub(crate) fn check_tag(&self, tag: u32) -> Result<c_int> {
+        if tag > self.tag_ub {
+            return Err(TransportError::InvalidArgument(format!(
+                "tag {tag} exceeds this MPI's upper bound {}",
+                self.tag_ub
+            )));
+        }
+        Ok(tag as c_int)
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        if crate::runtime::is_active() {
+            free_comm(self.control);
+            free_comm(self.data);
+        }
+    }
+}
+
+impl Topology for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+    fn local_size(&self) -> usize {
+        self.local_size
+    }
+}
+
+fn dup(comm: MPI_Comm) -> Result<MPI_Comm> {
+    let mut out = MPI_Comm(std::ptr::null_mut());
+    // SAFETY: `comm` is a valid communicator, `out` a valid out-pointer.
+    check(unsafe { ffi::MPI_Comm_dup(comm, &mut out) }, "MPI_Comm_dup")?;
+    // Errors are returned to kolo (and turned into kolo errors) instead of
+    // aborting the job inside MPI.
+    // SAFETY: `out` is the communicator just created.
+    check(
+        unsafe { ffi::MPI_Comm_set_errhandler(out, ffi::RSMPI_ERRORS_RETURN) },
+        "MPI_Comm_set_errhandler",
+    )?;
+    Ok(out)
+}
+
+fn split_shared(comm: MPI_Comm) -> Result<MPI_Comm> {
+    let mut out = MPI_Comm(std::ptr::null_mut());
+    // SAFETY: valid communicator and out-pointer; predefined constants.
+    check(
+        unsafe {
+            ffi::MPI_Comm_split_type(comm, ffi::RSMPI_COMM_TYPE_SHARED, 0, ffi::RSMPI_INFO_NULL, &mut out)
+        },
+        "MPI_Comm_split_type(shared)",
+    )?;
+    Ok(out)
+}
+
+fn rank_size(comm: MPI_Comm) -> Result<(usize, usize)> {
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: valid communicator and out-pointers.
+    check(unsafe { ffi::MPI_Comm_rank(comm, &mut rank) }, "MPI_Comm_rank")?;
+    // SAFETY: as above.
+    check(unsafe { ffi::MPI_Comm_size(comm, &mut size) }, "MPI_Comm_size")?;
+    Ok((rank.max(0) as usize, size.max(0) as usize))
+}
+
+fn free_comm(mut comm: MPI_Comm) {
+    // SAFETY: `comm` was created by MPI_Comm_dup / split and is freed once.
+    unsafe {
+        ffi::MPI_Comm_free(&mut comm);
+    }
+}
+
+fn tag_upper_bound(comm: MPI_Comm, key: c_int) -> Result<u32> {
+    let mut value: *mut c_int = std::ptr::null_mut();
+    let mut flag: c_int = 0;
+    // SAFETY: MPI_TAG_UB's attribute value is a pointer to an int owned by
+    // MPI; we pass the address of a pointer-sized out slot as required.
+    check(
+        unsafe {
+            ffi::MPI_Comm_get_attr(comm, key, &mut value as *mut *mut c_int as *mut c_void, &mut flag)
+        },
+        "MPI_Comm_get_attr(MPI_TAG_UB)",
+    )?;
+    if flag == 0 || value.is_null() {
+        return Ok(32767); // the standard's guaranteed minimum
+    }
+    // SAFETY: MPI set `value` to its own int, valid while MPI is initialised.
+    Ok(unsafe { *value }.max(0) as u32)
+}

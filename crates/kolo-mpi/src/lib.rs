@@ -1,0 +1,48 @@
+//! kolo-mpi: kolo's MPI backend.
+//!
+//! [`MpiComm`] implements kolo's control plane ([`kolo_transport::Controller`]:
+//! gather / broadcast / allgather of byte messages, barrier, bitwise
+//! allreduce) on a private duplicate of `MPI_COMM_WORLD`, and the host data
+//! plane ([`kolo_transport::Collectives`]) with MPI's own collectives on a
+//! second duplicate. f16 and bf16 travel as kolo-defined 2-byte MPI
+//! datatypes reduced by kolo's kernels (f32 accumulation); `Average` is a sum
+//! followed by a scale. Local rank and size come from a shared-memory split.
+//!
+//! Launch with `mpirun -np 4 your-program`. MPI is initialised once per
+//! process by [`MpiComm::init`], requesting `MPI_THREAD_MULTIPLE` (or
+//! `MPI_THREAD_FUNNELED` when asked to, as kolo's `KOLO_MPI_THREADS_DISABLE=1`
+//! does); [`MpiComm::thread_level`] reports what MPI granted.
+//!
+//! ```no_run
+//! use kolo_mpi::MpiComm;
+//! use kolo_transport::{Collectives, Scale, Topology};
+//! use kolo_protocol::ReduceOp;
+//!
+//! let mut comm = MpiComm::init(false)?;
+//! let mut grad = vec![comm.rank() as f32; 1024];
+//! comm.allreduce(&mut grad, ReduceOp::Sum, Scale::NONE)?;
+//! let n = comm.size() as f32;
+//! assert!(grad.iter().all(|&g| g == n * (n - 1.0) / 2.0));
+//! # Ok::<(), kolo_transport::TransportError>(())
+//! ```
+//!
+//! The example is `no_run` because it must run under `mpirun`; the same code
+//! runs in this crate's tests, which launch themselves under `mpirun`.
+//!
+//! # Failures
+//! Communicators return MPI errors to kolo (`MPI_ERRORS_RETURN`) as
+//! [`kolo_transport::TransportError::Backend`]. A process that dies while
+//! its peers wait is noticed by `mpirun`, which ends the whole job (OpenMPI's
+//! default); kolo's engine adds its own stall shutdown and a watchdog so a
+//! living but silent peer turns into errors naming the rank and tensor.
+
+mod collectives;
+mod comm;
+mod controller;
+mod datatype;
+pub mod launcher;
+mod raw;
+mod runtime;
+
+pub use comm::MpiComm;
+pub use runtime::ThreadLevel;

@@ -3,9 +3,9 @@
 # non-interactive; `cargo xtask test` works after it on a fresh machine.
 set -euo pipefail
 
-# Nothing is needed yet for the default (threads) build; MPI and UCX come with
-# their backends and are listed here.
-needed=()
+# The default (threads) build needs no system library. kolo-mpi needs an MPI
+# (OpenMPI: mpirun, mpicc, headers) and libclang for rsmpi's bindgen.
+needed=(openmpi-bin libopenmpi-dev libclang-dev clang)
 
 missing=()
 for pkg in "${needed[@]+"${needed[@]}"}"; do

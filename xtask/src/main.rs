@@ -44,7 +44,24 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Installs the system packages the tests need (OpenMPI, libclang) when
+/// missing, so that `cargo xtask test` works on a fresh machine.
+fn install_deps(root: &Path) -> Result<()> {
+    let script = root.join("scripts/install-deps.sh");
+    eprintln!("xtask: bash {}", script.display());
+    let status = Command::new("bash")
+        .arg(&script)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() {
+        bail!("{} failed ({status})", script.display());
+    }
+    Ok(())
+}
+
 fn test(root: &Path) -> Result<()> {
+    install_deps(root)?;
     cargo(root, &["fmt", "--all", "--check"])?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     cargo(root, &["test", "--workspace"])?;

@@ -10,10 +10,13 @@ pub struct Request {
     pub rank: u32,
     /// The tensor's name; unique among the names in flight on a rank.
     pub tensor_name: String,
+    /// The collective asked for.
     pub kind: RequestKind,
+    /// The tensor's element type.
     pub dtype: DataType,
     /// The tensor's shape on this rank (empty for a scalar).
     pub shape: Vec<u64>,
+    /// Where the tensor lives on this rank.
     pub device: Device,
     /// Root rank for broadcast; 0 otherwise.
     pub root_rank: u32,
@@ -31,7 +34,13 @@ pub struct Request {
 impl Request {
     /// A request with neutral defaults (root 0, sum, scale factors 1, CPU, no
     /// splits) to be adjusted with struct update syntax.
-    pub fn new(rank: u32, tensor_name: impl Into<String>, kind: RequestKind, dtype: DataType, shape: Vec<u64>) -> Self {
+    pub fn new(
+        rank: u32,
+        tensor_name: impl Into<String>,
+        kind: RequestKind,
+        dtype: DataType,
+        shape: Vec<u64>,
+    ) -> Self {
         Request {
             rank,
             tensor_name: tensor_name.into(),
@@ -47,15 +56,25 @@ impl Request {
         }
     }
 
-    /// Number of elements (product of the shape; 1 for a scalar).
+    /// Number of elements (product of the shape; 1 for a scalar), saturating
+    /// at `u64::MAX` for a shape whose product overflows (a peer may send
+    /// any shape; [`validate`](crate::validate()) rejects such a request).
     pub fn num_elements(&self) -> u64 {
-        self.shape.iter().product()
+        self.checked_num_elements().unwrap_or(u64::MAX)
+    }
+
+    /// Number of elements, or `None` when the product overflows `u64`.
+    pub fn checked_num_elements(&self) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 }
 
 /// Everything one rank sends to the coordinator in one cycle.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestList {
+    /// The requests, in the order the rank submitted them.
     pub requests: Vec<Request>,
     /// The rank asks the job to shut down.
     pub shutdown: bool,
@@ -73,22 +92,31 @@ pub enum ResponseKind {
 /// The coordinator's decision for one tensor, or for several fused tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Response {
+    /// What to do.
     pub kind: ResponseKind,
     /// One name, or several when fused (performed in this order).
     pub tensor_names: Vec<String>,
     /// Set when `kind` is `Error`; names the tensor, the values and the ranks.
     pub error_message: String,
+    /// The element type of every named tensor.
     pub dtype: DataType,
-    /// The device of each rank, in rank order.
+    /// The device of each rank that sent a request, in rank order (ranks
+    /// that joined and sent none are left out).
     pub devices: Vec<Device>,
+    /// Allreduce and reduce-scatter: how to combine; `Sum` otherwise.
     pub reduce_op: ReduceOp,
+    /// Broadcast: the rank whose tensor everyone receives; 0 otherwise.
     pub root_rank: u32,
+    /// Allreduce and reduce-scatter: factor applied before the reduction.
     pub prescale: f64,
+    /// Allreduce and reduce-scatter: factor applied after the reduction.
     pub postscale: f64,
-    /// Allgather: first-dimension size of every rank's tensor in rank order
-    /// (for fused allgathers, tensor after tensor: `tensor_names.len() x size`).
+    /// Allgather: first-dimension size of every rank's tensor in rank order,
+    /// 0 for a rank that joined and sent no request (for fused allgathers,
+    /// tensor after tensor: `tensor_names.len() x size`).
     pub first_dims: Vec<u64>,
-    /// Alltoall: every rank's split sizes, rank after rank (`size x size`).
+    /// Alltoall: every rank's split sizes, rank after rank (`size x size`;
+    /// an even split is written out, a rank that joined sends zeros).
     pub splits: Vec<u64>,
     /// Number of elements of each tensor (allreduce, broadcast,
     /// reduce-scatter), in the order of `tensor_names`; used for fusion.
@@ -114,6 +142,7 @@ impl Response {
         }
     }
 
+    /// True for an error response.
     pub fn is_error(&self) -> bool {
         self.kind == ResponseKind::Error
     }
@@ -122,6 +151,7 @@ impl Response {
 /// Everything the coordinator broadcasts in one cycle.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResponseList {
+    /// The responses, performed by every rank in this order.
     pub responses: Vec<Response>,
     /// Every rank must shut down after performing `responses`.
     pub shutdown: bool,

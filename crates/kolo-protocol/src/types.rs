@@ -7,16 +7,27 @@ use std::fmt;
 /// The element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum DataType {
+    /// Unsigned 8-bit integer.
     U8,
+    /// Signed 8-bit integer.
     I8,
+    /// Unsigned 16-bit integer.
     U16,
+    /// Signed 16-bit integer.
     I16,
+    /// Signed 32-bit integer.
     I32,
+    /// Signed 64-bit integer.
     I64,
+    /// IEEE 754 half precision (`half::f16`).
     F16,
+    /// bfloat16 (`half::bf16`).
     BF16,
+    /// IEEE 754 single precision.
     F32,
+    /// IEEE 754 double precision.
     F64,
+    /// A boolean, one byte (0 or 1).
     Bool,
 }
 
@@ -88,11 +99,15 @@ impl fmt::Display for DataType {
 /// How the elements contributed by the ranks are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ReduceOp {
+    /// Elementwise sum.
     Sum,
     /// Sum divided by the number of ranks.
     Average,
+    /// Elementwise minimum.
     Min,
+    /// Elementwise maximum.
     Max,
+    /// Elementwise product.
     Product,
 }
 
@@ -137,12 +152,14 @@ impl fmt::Display for ReduceOp {
 /// Where a tensor lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Device {
+    /// Host memory.
     Cpu,
     /// A CUDA device by ordinal.
     Cuda(u32),
 }
 
 impl Device {
+    /// True for host memory.
     pub const fn is_cpu(self) -> bool {
         matches!(self, Device::Cpu)
     }
@@ -160,16 +177,24 @@ impl fmt::Display for Device {
 /// The collective a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum RequestKind {
+    /// Reduce across ranks; every rank gets the result.
     Allreduce,
+    /// Concatenate every rank's tensor along the first dimension.
     Allgather,
+    /// Copy the root rank's tensor to every rank.
     Broadcast,
+    /// Reduce across ranks; each rank gets one slice of the first dimension.
     ReduceScatter,
+    /// Each rank sends slices of its first dimension to every rank.
     Alltoall,
+    /// Wait until every rank arrives.
     Barrier,
+    /// The rank has no more batches; others go on without it.
     Join,
 }
 
 impl RequestKind {
+    /// Every request kind, in declaration order.
     pub const ALL: [RequestKind; 7] = [
         RequestKind::Allreduce,
         RequestKind::Allgather,

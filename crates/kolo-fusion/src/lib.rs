@@ -1,44 +1,42 @@
-//! kolo-fusion — CONTRACT STUB (the fusion work replaces the bodies; the
-//! facade codes against these signatures).
+//! kolo-fusion: Horovod's tensor fusion, written once for every kolo
+//! backend.
+//!
+//! Small tensors are slow to reduce one by one, so kolo runs compatible
+//! ready tensors as one collective. [`plan`] decides which responses fuse (a
+//! pure function every rank evaluates identically), [`FusionBuffers`] keeps
+//! one persistent buffer per (device, dtype), [`pack`] / [`unpack`] copy
+//! between tensors and that buffer (in parallel when large), and
+//! [`fused_allreduce`], [`fused_allgather`] and [`fused_reduce_scatter`] run
+//! a fused response on any [`Collectives`](kolo_transport::Collectives)
+//! backend — copy in, one collective, copy out — reporting each [`Phase`] to
+//! the engine's timeline.
+//!
+//! ```
+//! use kolo_fusion::plan;
+//! use kolo_protocol::{DataType, Device, RequestKind, Response, ResponseKind};
+//!
+//! let allreduce = |name: &str, elements: u64| Response {
+//!     kind: ResponseKind::Op(RequestKind::Allreduce),
+//!     dtype: DataType::F32,
+//!     devices: vec![Device::Cpu, Device::Cpu],
+//!     tensor_sizes: vec![elements],
+//!     ..Response::error(name, "")
+//! };
+//! // 16 + 32 bytes fit in a 64-byte threshold: one fused allreduce.
+//! let fused = plan(vec![allreduce("grad/w1", 4), allreduce("grad/b1", 8)], 64);
+//! assert_eq!(fused.len(), 1);
+//! assert_eq!(fused[0].tensor_names, ["grad/w1", "grad/b1"]);
+//! assert_eq!(fused[0].tensor_sizes, [4, 8]);
+//! ```
 
-use kolo_protocol::{Device, Response};
-use kolo_transport::Element;
+mod buffers;
+mod error;
+mod execute;
+mod fusion_plan;
+mod pack;
 
-/// Fuses ready responses (in agreed order, one tensor each) into fewer
-/// responses: allreduces with the same dtype, reduce op, scale factors and
-/// devices join up to `threshold_bytes` (0 disables fusion), looking past
-/// responses that cannot join; allgathers and reduce-scatters fuse where it
-/// pays. Pure and deterministic: every rank computes the same plan.
-pub fn plan(_responses: Vec<Response>, _threshold_bytes: usize) -> Vec<Response> {
-    unimplemented!("fusion work")
-}
-
-/// Persistent fusion buffers, one per (device, dtype), allocated on first
-/// use and grown when a larger fused response comes.
-#[derive(Default)]
-pub struct FusionBuffers {
-    _private: (),
-}
-
-impl FusionBuffers {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A host buffer of exactly `len` elements for `device` (contents
-    /// unspecified but valid values of `T`).
-    pub fn get<T: Element>(&mut self, _device: Device, _len: usize) -> &mut [T] {
-        unimplemented!("fusion work")
-    }
-}
-
-/// Copies `srcs` one after another into `dst` (parallel for large inputs).
-pub fn pack<T: Element>(_dst: &mut [T], _srcs: &[&[T]]) {
-    unimplemented!("fusion work")
-}
-
-/// Copies consecutive pieces of `src` into `dsts` (parallel for large
-/// outputs).
-pub fn unpack<T: Element>(_src: &[T], _dsts: &mut [&mut [T]]) {
-    unimplemented!("fusion work")
-}
+pub use buffers::FusionBuffers;
+pub use error::FusionError;
+pub use execute::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
+pub use fusion_plan::{fused_bytes, plan};
+pub use pack::{pack, unpack, PARALLEL_COPY_BYTES};

@@ -60,7 +60,8 @@ pub fn validate(requests: &[Request], world_size: u32) -> Response {
 /// [name]`, the dtype, `devices` in rank order, the reduce op and scales
 /// (allreduce, reduce-scatter; `Sum`, 1.0 and 1.0 otherwise), the root rank
 /// (broadcast; 0 otherwise), `tensor_sizes = [num_elements]` (allreduce,
-/// broadcast, reduce-scatter), `first_dims` (allgather) and `splits`
+/// broadcast, reduce-scatter; for allgather the gathered tensor's count,
+/// `sum(first_dims) * row elements`), `first_dims` (allgather) and `splits`
 /// (alltoall) as described at [`validate`].
 pub fn try_validate(requests: &[Request], world_size: u32) -> Result<Response, ValidationError> {
     let sorted = sorted_by_rank(requests);
@@ -171,6 +172,22 @@ pub fn try_validate(requests: &[Request], world_size: u32) -> Result<Response, V
                 // Ranks are < world_size and shapes non-empty: checked above.
                 first_dims[r.rank as usize] = r.shape[0];
             }
+            // The gathered tensor's element count: every rank's rows times
+            // the elements of one row (used to size fused allgathers).
+            let row_elems: u64 = first.shape[1..].iter().product();
+            let rows = first_dims
+                .iter()
+                .try_fold(0u64, |acc, &d| acc.checked_add(d));
+            let gathered = rows.and_then(|rows| rows.checked_mul(row_elems));
+            response.tensor_sizes =
+                vec![
+                    gathered.ok_or_else(|| ValidationError::ElementCountOverflow {
+                        kind: first.kind,
+                        tensor: tensor(),
+                        rank: first.rank,
+                        shape: first.shape.clone(),
+                    })?,
+                ];
             response.first_dims = first_dims;
         }
         RequestKind::Alltoall => {

@@ -84,7 +84,8 @@ fn allgather_collects_first_dims_in_rank_order() {
     assert_eq!(response.kind, ResponseKind::Op(RequestKind::Allgather));
     assert_eq!(response.first_dims, vec![5, 0, 7, 0]);
     assert_eq!(response.devices, vec![Device::Cpu, Device::Cpu]);
-    assert!(response.tensor_sizes.is_empty());
+    // The gathered tensor: (5 + 7) rows of 3 elements.
+    assert_eq!(response.tensor_sizes, vec![36]);
 }
 
 #[test]

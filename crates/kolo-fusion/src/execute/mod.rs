@@ -1,0 +1,109 @@
+//! Running fused responses on any [`Collectives`](kolo_transport::Collectives)
+//! backend: copy in, one collective, copy out — written once for every
+//! backend.
+//!
+//! Each helper reports its phases to an observer so that the engine can
+//! record them as timeline activities.
+
+mod allgather;
+mod allreduce;
+mod reduce_scatter;
+
+pub use allgather::fused_allgather;
+pub use allreduce::fused_allreduce;
+pub use reduce_scatter::fused_reduce_scatter;
+
+use crate::error::FusionError;
+
+/// A phase of a fused operation, as reported to the observer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Copying the tensors into the fusion buffer.
+    MemcpyInFusionBuffer,
+    /// The backend's collective.
+    Collective,
+    /// Copying the results out of the fusion buffer.
+    MemcpyOutFusionBuffer,
+}
+
+impl Phase {
+    /// Horovod's timeline name for the phase (`MEMCPY_IN_FUSION_BUFFER`,
+    /// `COLLECTIVE`, `MEMCPY_OUT_FUSION_BUFFER`); the engine may name the
+    /// collective after its backend instead.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Phase::MemcpyInFusionBuffer => "MEMCPY_IN_FUSION_BUFFER",
+            Phase::Collective => "COLLECTIVE",
+            Phase::MemcpyOutFusionBuffer => "MEMCPY_OUT_FUSION_BUFFER",
+        }
+    }
+}
+
+/// Whether a phase starts or ends. Every `Start` is followed by the `End`
+/// of the same phase, also when the phase fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Edge {
+    Start,
+    End,
+}
+
+/// Runs `f` between the `Start` and `End` of `phase`.
+fn observed<R>(observer: &mut dyn FnMut(Phase, Edge), phase: Phase, f: impl FnOnce() -> R) -> R {
+    observer(phase, Edge::Start);
+    let result = f();
+    observer(phase, Edge::End);
+    result
+}
+
+/// Fails unless an argument list has the expected number of entries.
+fn check_count(
+    op: &'static str,
+    what: impl Into<String>,
+    expected: usize,
+    actual: usize,
+) -> Result<(), FusionError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(FusionError::ArgumentCount {
+            op,
+            what: what.into(),
+            expected,
+            actual,
+        })
+    }
+}
+
+/// Fails unless tensor `tensor`'s buffer has the expected length.
+fn check_len(
+    op: &'static str,
+    tensor: usize,
+    expected: usize,
+    actual: usize,
+) -> Result<(), FusionError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(FusionError::TensorLength {
+            op,
+            tensor,
+            expected,
+            actual,
+        })
+    }
+}
+
+/// `sum(values)`, or an overflow error naming `tensor`.
+fn checked_sum(
+    op: &'static str,
+    tensor: usize,
+    values: impl IntoIterator<Item = usize>,
+) -> Result<usize, FusionError> {
+    values
+        .into_iter()
+        .try_fold(0usize, |acc, v| acc.checked_add(v))
+        .ok_or(FusionError::Overflow { op, tensor })
+}
+
+#[cfg(test)]
+mod loopback;

@@ -1,99 +1,100 @@
-//! kolo-coordinator — CONTRACT STUB (the coordinator work replaces the bodies;
-//! the facade codes against these signatures; changes to them must be
-//! announced to the facade work).
+//! kolo-coordinator: the negotiation that makes every rank perform the same
+//! collectives in the same order (Horovod's control plane).
+//!
+//! Every rank calls [`Coordinator::cycle`] once per cycle with the requests
+//! enqueued since the last one. Requests seen before settle on the fast path:
+//! the [`response_cache`] maps each to a slot, and one bitwise allreduce of a
+//! small [`bit_vector`] agrees on the slots every rank has (and carries the
+//! shutdown, join and invalidation flags), so no request list travels. New or
+//! changed requests go to rank 0, whose [`message_table`] counts them; a
+//! tensor is ready when every rank that has not [`join`]ed submitted it, and
+//! rank 0 validates ready tensors (with `kolo_protocol::validate`) in the
+//! order they became ready and broadcasts the responses. The cycle output is
+//! the same response sequence on every rank. The [`stall`] inspector names
+//! the ranks that never submitted a tensor, warns, and can fail the tensor
+//! and shut down. The decisions are pure functions over data
+//! ([`negotiate`], [`pending`], [`stall`], ...); [`Coordinator::cycle`] is
+//! the thin shell that makes the [`Controller`](kolo_transport::Controller)
+//! calls.
+//!
+//! Protocol notes:
+//! - **Cache.** A hit needs the name and every parameter to equal this
+//!   rank's request when the response was cached; a cached name requested
+//!   with other parameters invalidates the slot on every rank (OR-ed invalid
+//!   bits) and goes through rank 0. Only successful single-tensor responses
+//!   decided while no rank is joined are cached, so results are identical
+//!   with and without the cache. Cache hits follow rank 0's responses in
+//!   slot order.
+//! - **Join.** While any rank is joined, the cache path pauses: every pending
+//!   request goes through rank 0, which must know who contributes data. A
+//!   joined rank performs responses for tensors it lacks with the operation's
+//!   identity; `Average` over the contributing ranks is sent as `Sum` with
+//!   `postscale / contributors`; a broadcast from a joined root or an
+//!   alltoall lacking a rank is an error response naming the ranks. When all
+//!   ranks have joined, one `Op(Join)` response names the join requests and
+//!   the round resets.
+//! - **Shutdown.** Any rank's `shutdown` makes the output's `shutdown` true
+//!   on every rank, with `shutdown_ranks` naming who asked.
+//! - **Stalls.** See [`stall`]: warnings after `stall_warning`, error
+//!   responses and shutdown after `stall_shutdown`; tensors stuck on the
+//!   cache path are moved to rank 0's table after the shorter of the two.
+//!
+//! # Example
+//!
+//! One rank negotiating with itself (a real job uses a backend's
+//! controller): the first cycle goes through rank 0, the repeat hits the
+//! cache.
+//!
+//! ```
+//! use kolo_coordinator::{Coordinator, CoordinatorConfig};
+//! use kolo_protocol::{DataType, Request, RequestKind};
+//! use kolo_transport::{BitOp, Controller, Result, Topology};
+//! use std::time::Instant;
+//!
+//! struct Alone;
+//! impl Topology for Alone {
+//!     fn rank(&self) -> usize { 0 }
+//!     fn size(&self) -> usize { 1 }
+//!     fn local_rank(&self) -> usize { 0 }
+//!     fn local_size(&self) -> usize { 1 }
+//! }
+//! impl Controller for Alone {
+//!     fn gather_bytes(&mut self, msg: &[u8], _: usize) -> Result<Option<Vec<Vec<u8>>>> {
+//!         Ok(Some(vec![msg.to_vec()]))
+//!     }
+//!     fn broadcast_bytes(&mut self, msg: &[u8], _: usize) -> Result<Vec<u8>> { Ok(msg.to_vec()) }
+//!     fn allgather_bytes(&mut self, msg: &[u8]) -> Result<Vec<Vec<u8>>> { Ok(vec![msg.to_vec()]) }
+//!     fn control_barrier(&mut self) -> Result<()> { Ok(()) }
+//!     fn bitwise_allreduce(&mut self, _: &mut [u64], _: BitOp) -> Result<()> { Ok(()) }
+//! }
+//!
+//! let mut coordinator = Coordinator::new(0, 1, CoordinatorConfig::default());
+//! let grad = Request::new(0, "grad/w1", RequestKind::Allreduce, DataType::F32, vec![1024]);
+//! for step in 0..2 {
+//!     let out = coordinator.cycle(&mut Alone, vec![grad.clone()], false, Instant::now())?;
+//!     assert_eq!(out.responses.len(), 1);
+//!     assert_eq!(out.responses[0].tensor_names, ["grad/w1"]);
+//!     assert_eq!(out.stats.gathered, step == 0); // the second step is a cache hit
+//! }
+//! # Ok::<(), kolo_coordinator::CoordinatorError>(())
+//! ```
 
-use kolo_protocol::{Request, Response};
-use kolo_transport::{Controller, TransportError};
-use std::time::{Duration, Instant};
+#![warn(missing_docs)]
 
-/// Settings of the negotiation.
-#[derive(Clone, Debug)]
-pub struct CoordinatorConfig {
-    /// Response-cache entries; 0 disables the cache.
-    pub cache_capacity: usize,
-    /// Warn about tensors that some ranks submitted and others did not after
-    /// this long; `None` disables the warning.
-    pub stall_warning: Option<Duration>,
-    /// Fail stalled tensors on every rank and shut down after this long;
-    /// `None` = never.
-    pub stall_shutdown: Option<Duration>,
-}
+pub mod bit_vector;
+mod config;
+mod cycle;
+mod error;
+pub mod join;
+pub mod message_table;
+pub mod negotiate;
+mod output;
+pub mod pending;
+pub mod response_cache;
+pub mod stall;
 
-impl Default for CoordinatorConfig {
-    fn default() -> Self {
-        CoordinatorConfig {
-            cache_capacity: 1024,
-            stall_warning: Some(Duration::from_secs(60)),
-            stall_shutdown: None,
-        }
-    }
-}
-
-/// Why a cycle failed (the engine then fails every pending handle with it).
-#[derive(Debug, thiserror::Error)]
-pub enum CoordinatorError {
-    #[error(transparent)]
-    Transport(#[from] TransportError),
-    #[error("rank {rank} sent a message that does not decode: {message}")]
-    Decode { rank: usize, message: String },
-}
-
-/// Rank-0 events for the timeline: when negotiation of a tensor starts, when
-/// each rank's request arrived, and when it ends.
-#[derive(Clone, Debug, PartialEq)]
-pub enum NegotiationEvent {
-    Start { tensor: String, kind: kolo_protocol::RequestKind },
-    RankReady { tensor: String, rank: u32 },
-    End { tensor: String },
-}
-
-/// What one cycle decided; identical on every rank except `events` (rank 0
-/// only) and `stats`.
-#[derive(Clone, Debug, Default)]
-pub struct CycleOutput {
-    /// Responses to perform now, in the same order on every rank, unfused
-    /// (one tensor per response; kolo-fusion fuses them locally, which is
-    /// deterministic). Error responses included (stall errors too).
-    pub responses: Vec<Response>,
-    /// Every rank must stop after performing `responses`.
-    pub shutdown: bool,
-    /// The ranks that asked for the shutdown (empty unless `shutdown`), so
-    /// that pending handles can fail naming them.
-    pub shutdown_ranks: Vec<u32>,
-    pub events: Vec<NegotiationEvent>,
-    pub stats: CycleStats,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CycleStats {
-    /// True when request lists were gathered to rank 0 this cycle (false
-    /// when the response cache settled everything with bit vectors).
-    pub gathered: bool,
-    /// Responses that came from the cache this cycle.
-    pub cache_hits: usize,
-}
-
-/// One rank's negotiation state.
-pub struct Coordinator {
-    _private: (),
-}
-
-impl Coordinator {
-    pub fn new(_rank: usize, _size: usize, _config: CoordinatorConfig) -> Self {
-        unimplemented!("coordinator work")
-    }
-
-    /// Runs one negotiation cycle over `ctrl` (a collective: every rank calls
-    /// it). `requests` are this rank's requests enqueued since the last
-    /// cycle; `shutdown` says this rank wants to stop; `now` drives the
-    /// stall inspector.
-    pub fn cycle<C: Controller + ?Sized>(
-        &mut self,
-        _ctrl: &mut C,
-        _requests: Vec<Request>,
-        _shutdown: bool,
-        _now: Instant,
-    ) -> Result<CycleOutput, CoordinatorError> {
-        unimplemented!("coordinator work")
-    }
-}
+pub use config::CoordinatorConfig;
+pub use cycle::Coordinator;
+pub use error::CoordinatorError;
+pub use output::{CycleOutput, CycleStats, NegotiationEvent};
+pub use stall::{stalled, StallReport};

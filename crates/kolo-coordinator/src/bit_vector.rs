@@ -1,0 +1,310 @@
+//! The bit vector every rank contributes to a cycle, reduced with a single
+//! `bitwise_allreduce(And)`.
+//!
+//! The cache-hit bits need an AND across ranks (a response is agreed only
+//! when every rank has the request); everything else needs an OR (did *any*
+//! rank ask for shutdown, join, have uncached requests, invalidate a slot,
+//! have a hit). Since `OR(x) = !AND(!x)`, the OR part is stored inverted and
+//! one AND-allreduce answers both: one control-plane call per cycle on the
+//! fast path.
+//!
+//! Layout (in `u64` words, bit `i` of a group is bit `i % 64` of word
+//! `i / 64` of that group):
+//!
+//! | group          | bits       | reduced |
+//! |----------------|------------|---------|
+//! | cache hits     | `capacity` | AND     |
+//! | shutdown ranks | `size`     | OR      |
+//! | joined ranks   | `size`     | OR      |
+//! | flags          | 64         | OR      |
+//! | invalid slots  | `capacity` | OR      |
+//! | any-rank hits  | `capacity` | OR      |
+
+/// Flag bit: this rank has requests for rank 0 (not settled by the cache).
+const FLAG_UNCACHED: usize = 0;
+/// Flag bit: rank 0 needs a gather this cycle (stall errors to broadcast).
+const FLAG_GATHER: usize = 1;
+
+/// What one rank contributes to a cycle.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalBits {
+    /// This rank wants to shut down.
+    pub shutdown: bool,
+    /// This rank has joined.
+    pub joined: bool,
+    /// This rank has requests that must travel to rank 0.
+    pub uncached: bool,
+    /// (Rank 0) the coordinator needs a gather this cycle.
+    pub gather: bool,
+    /// Cache slots whose name this rank requested with other parameters.
+    pub invalid: Vec<usize>,
+    /// Cache slots this rank has a pending matching request for.
+    pub hits: Vec<usize>,
+}
+
+/// What every rank learns from the reduced vector.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CycleBits {
+    /// Ranks that asked for shutdown, ascending.
+    pub shutdown_ranks: Vec<u32>,
+    /// Ranks that have joined, ascending.
+    pub joined_ranks: Vec<u32>,
+    /// Some rank has requests for rank 0.
+    pub any_uncached: bool,
+    /// Rank 0 asked for a gather.
+    pub gather_requested: bool,
+    /// Slots to invalidate on every rank, ascending.
+    pub invalid: Vec<usize>,
+    /// Slots every rank has a hit for, ascending.
+    pub hits_all: Vec<usize>,
+    /// Slots some rank has a hit for, ascending.
+    pub hits_any: Vec<usize>,
+}
+
+impl CycleBits {
+    /// Some rank has joined: the cache path pauses (see [`crate::join`]).
+    pub fn any_joined(&self) -> bool {
+        !self.joined_ranks.is_empty()
+    }
+
+    /// Every one of `size` ranks has joined: the join round ends.
+    pub fn everyone_joined(&self, size: usize) -> bool {
+        size > 0 && self.joined_ranks.len() == size
+    }
+
+    /// The cache slots whose responses every rank performs now, ascending:
+    /// hits every rank has, not invalidated, none while a rank is joined.
+    pub fn agreed_hits(&self) -> Vec<usize> {
+        if self.any_joined() {
+            return Vec::new();
+        }
+        let valid = |slot: &usize| self.invalid.binary_search(slot).is_err();
+        self.hits_all.iter().copied().filter(valid).collect()
+    }
+
+    /// Request lists must travel to rank 0 this cycle: some rank has
+    /// requests for it, rank 0 asked (stall errors to send), slots were
+    /// invalidated (their pending hits move to rank 0), hits wait while a
+    /// rank is joined (they move too), or the join round ends.
+    pub fn needs_gather(&self, size: usize) -> bool {
+        self.any_uncached
+            || self.gather_requested
+            || !self.invalid.is_empty()
+            || (self.any_joined() && !self.hits_any.is_empty())
+            || self.everyone_joined(size)
+    }
+}
+
+/// Word offsets of the groups for one (world size, cache capacity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BitLayout {
+    size: usize,
+    capacity: usize,
+}
+
+fn words_for(bits: usize) -> usize {
+    bits.div_ceil(64)
+}
+
+fn set(words: &mut [u64], start: usize, bit: usize) {
+    if let Some(word) = words.get_mut(start + bit / 64) {
+        *word |= 1u64 << (bit % 64);
+    }
+}
+
+fn ones(words: &[u64], start: usize, count: usize) -> impl Iterator<Item = usize> + '_ {
+    (0..count).filter(move |&bit| {
+        words
+            .get(start + bit / 64)
+            .is_some_and(|w| w >> (bit % 64) & 1 == 1)
+    })
+}
+
+impl BitLayout {
+    /// The layout for `size` ranks and a cache of `capacity` slots.
+    pub fn new(size: usize, capacity: usize) -> Self {
+        BitLayout { size, capacity }
+    }
+
+    fn cache_words(&self) -> usize {
+        words_for(self.capacity)
+    }
+
+    fn rank_words(&self) -> usize {
+        words_for(self.size)
+    }
+
+    /// Start of the OR part (everything after the AND-reduced hit bits).
+    fn or_start(&self) -> usize {
+        self.cache_words()
+    }
+
+    fn shutdown_start(&self) -> usize {
+        self.or_start()
+    }
+
+    fn joined_start(&self) -> usize {
+        self.shutdown_start() + self.rank_words()
+    }
+
+    fn flags_start(&self) -> usize {
+        self.joined_start() + self.rank_words()
+    }
+
+    fn invalid_start(&self) -> usize {
+        self.flags_start() + 1
+    }
+
+    fn hits_any_start(&self) -> usize {
+        self.invalid_start() + self.cache_words()
+    }
+
+    /// Total number of words.
+    pub fn len(&self) -> usize {
+        self.hits_any_start() + self.cache_words()
+    }
+
+    /// Never true: the flags word is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The words `rank` contributes (out-of-range ranks and slots are
+    /// dropped).
+    pub fn encode(&self, rank: usize, local: &LocalBits) -> Vec<u64> {
+        let mut words = vec![0u64; self.len()];
+        for &slot in local.hits.iter().filter(|&&s| s < self.capacity) {
+            set(&mut words, 0, slot);
+            set(&mut words, self.hits_any_start(), slot);
+        }
+        if rank < self.size {
+            if local.shutdown {
+                set(&mut words, self.shutdown_start(), rank);
+            }
+            if local.joined {
+                set(&mut words, self.joined_start(), rank);
+            }
+        }
+        if local.uncached {
+            set(&mut words, self.flags_start(), FLAG_UNCACHED);
+        }
+        if local.gather {
+            set(&mut words, self.flags_start(), FLAG_GATHER);
+        }
+        for &slot in local.invalid.iter().filter(|&&s| s < self.capacity) {
+            set(&mut words, self.invalid_start(), slot);
+        }
+        for word in &mut words[self.or_start()..] {
+            *word = !*word;
+        }
+        words
+    }
+
+    /// Reads the AND-reduced `words` (of [`BitLayout::len`] words).
+    pub fn decode(&self, words: &[u64]) -> CycleBits {
+        let mut words = words.to_vec();
+        words.resize(self.len(), 0);
+        for word in &mut words[self.or_start()..] {
+            *word = !*word;
+        }
+        let ranks = |start| ones(&words, start, self.size).map(|r| r as u32).collect();
+        let flags = words[self.flags_start()];
+        CycleBits {
+            shutdown_ranks: ranks(self.shutdown_start()),
+            joined_ranks: ranks(self.joined_start()),
+            any_uncached: flags >> FLAG_UNCACHED & 1 == 1,
+            gather_requested: flags >> FLAG_GATHER & 1 == 1,
+            invalid: ones(&words, self.invalid_start(), self.capacity).collect(),
+            hits_all: ones(&words, 0, self.capacity).collect(),
+            hits_any: ones(&words, self.hits_any_start(), self.capacity).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn local(cap: usize) -> impl Strategy<Value = LocalBits> {
+        let slots = move || prop::collection::vec(0..cap.max(1), 0..6);
+        (any::<[bool; 4]>(), slots(), slots()).prop_map(move |(f, invalid, hits)| LocalBits {
+            shutdown: f[0],
+            joined: f[1],
+            uncached: f[2],
+            gather: f[3],
+            invalid: invalid.into_iter().filter(|&s| s < cap).collect(),
+            hits: hits.into_iter().filter(|&s| s < cap).collect(),
+        })
+    }
+
+    fn sorted<T: Ord + Copy>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+        items
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    #[test]
+    fn agreed_hits_and_gather_decision() {
+        let idle = CycleBits {
+            hits_all: vec![1, 3, 5],
+            hits_any: vec![1, 2, 3, 5],
+            invalid: vec![3],
+            ..CycleBits::default()
+        };
+        assert_eq!(idle.agreed_hits(), vec![1, 5]);
+        assert!(idle.needs_gather(2), "invalidated slot 3 moves to rank 0");
+        let settled = CycleBits {
+            invalid: Vec::new(),
+            ..idle.clone()
+        };
+        assert!(!settled.needs_gather(2));
+        let joined = CycleBits {
+            joined_ranks: vec![1],
+            ..settled.clone()
+        };
+        assert!(joined.agreed_hits().is_empty());
+        assert!(joined.needs_gather(2));
+        assert!(!joined.everyone_joined(2));
+        let quiet_join = CycleBits {
+            joined_ranks: vec![1],
+            ..CycleBits::default()
+        };
+        assert!(!quiet_join.needs_gather(2));
+        assert!(quiet_join.needs_gather(1), "the last join ends the round");
+    }
+
+    proptest! {
+        /// AND-reducing the encodings of every rank decodes to the OR of the
+        /// flags, ranks and invalid slots and to the AND (and OR) of the hits.
+        #[test]
+        fn one_and_answers_and_and_or(
+            (size, cap, locals) in (1usize..70, 0usize..130).prop_flat_map(|(size, cap)| {
+                (Just(size), Just(cap), prop::collection::vec(local(cap), size))
+            })
+        ) {
+            let layout = BitLayout::new(size, cap);
+            let mut reduced = vec![u64::MAX; layout.len()];
+            for (rank, l) in locals.iter().enumerate() {
+                for (acc, w) in reduced.iter_mut().zip(layout.encode(rank, l)) {
+                    *acc &= w;
+                }
+            }
+            let bits = layout.decode(&reduced);
+            let ranks = |f: fn(&LocalBits) -> bool| -> Vec<u32> {
+                (0..size as u32).filter(|&r| f(&locals[r as usize])).collect()
+            };
+            prop_assert_eq!(bits.shutdown_ranks, ranks(|l| l.shutdown));
+            prop_assert_eq!(bits.joined_ranks, ranks(|l| l.joined));
+            prop_assert_eq!(bits.any_uncached, locals.iter().any(|l| l.uncached));
+            prop_assert_eq!(bits.gather_requested, locals.iter().any(|l| l.gather));
+            prop_assert_eq!(bits.invalid, sorted(locals.iter().flat_map(|l| l.invalid.iter().copied())));
+            prop_assert_eq!(bits.hits_any, sorted(locals.iter().flat_map(|l| l.hits.iter().copied())));
+            let all: Vec<usize> = (0..cap).filter(|s| locals.iter().all(|l| l.hits.contains(s))).collect();
+            prop_assert_eq!(bits.hits_all, all);
+        }
+    }
+}

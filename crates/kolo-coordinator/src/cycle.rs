@@ -1,0 +1,392 @@
+//! The thin shell: one negotiation cycle over a [`Controller`].
+//!
+//! 1. The rank sorts its new requests into cache hits (bit path) and
+//!    requests for rank 0, and builds its [`LocalBits`].
+//! 2. One `bitwise_allreduce(And)` (see [`crate::bit_vector`]) tells every
+//!    rank who wants shutdown, who joined, which slots are invalid, which hits
+//!    every rank has, and whether anybody has work for rank 0.
+//! 3. Nobody has: the agreed hits, in slot order, are the responses; no
+//!    request list travels.
+//! 4. Otherwise every rank's list is gathered to rank 0, which decides with
+//!    [`Negotiator::negotiate`] and broadcasts the [`ResponseList`]; the
+//!    agreed hits follow its responses.
+//! 5. Every rank applies the agreed sequence to its cache identically.
+
+use crate::bit_vector::{BitLayout, CycleBits, LocalBits};
+use crate::config::CoordinatorConfig;
+use crate::error::CoordinatorError;
+use crate::negotiate::{Decision, Negotiator, Round};
+use crate::output::{CycleOutput, CycleStats, NegotiationEvent};
+use crate::pending::PendingRequests;
+use crate::response_cache::ResponseCache;
+use crate::stall::{stalled, CachePathStall, CachePathStalls, StallInspector};
+use kolo_protocol::{
+    decode_request_list, decode_response_list, encode_request_list, encode_response_list, Request,
+    RequestKind, RequestList, Response, ResponseKind, ResponseList,
+};
+use kolo_transport::{BitOp, Controller, TransportError};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Rank 0's extra state.
+#[derive(Debug)]
+struct Rank0 {
+    negotiator: Negotiator,
+    inspector: StallInspector,
+    cache_stalls: CachePathStalls,
+    /// Cache-path stalls found last cycle, invalidated this cycle.
+    invalidate_next: Vec<CachePathStall>,
+    /// Since when those tensors waited, for their table entries.
+    first_seen: HashMap<String, Instant>,
+    /// Joined ranks as of the last cycle.
+    joined: Vec<u32>,
+}
+
+/// One rank's negotiation state.
+#[derive(Debug)]
+pub struct Coordinator {
+    rank: usize,
+    size: usize,
+    config: CoordinatorConfig,
+    layout: BitLayout,
+    cache: ResponseCache,
+    pending: PendingRequests,
+    rank0: Option<Box<Rank0>>,
+}
+
+impl Coordinator {
+    /// The state of `rank` in a world of `size` ranks. Every rank must pass
+    /// the same `config`.
+    pub fn new(rank: usize, size: usize, config: CoordinatorConfig) -> Self {
+        let rank0 = (rank == 0).then(|| {
+            Box::new(Rank0 {
+                negotiator: Negotiator::new(size),
+                inspector: StallInspector::new(),
+                cache_stalls: CachePathStalls::new(),
+                invalidate_next: Vec::new(),
+                first_seen: HashMap::new(),
+                joined: Vec::new(),
+            })
+        });
+        Coordinator {
+            rank,
+            size,
+            layout: BitLayout::new(size, config.cache_capacity),
+            cache: ResponseCache::new(config.cache_capacity),
+            pending: PendingRequests::new(rank as u32),
+            config,
+            rank0,
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The response cache (identical slot assignment on every rank).
+    pub fn cache(&self) -> &ResponseCache {
+        &self.cache
+    }
+
+    /// Number of this rank's requests still waiting for a response.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// This rank has joined and not every rank has yet.
+    pub fn joined(&self) -> bool {
+        self.pending.joined()
+    }
+
+    /// Runs one negotiation cycle over `ctrl` (a collective: every rank calls
+    /// it). `requests` are this rank's requests enqueued since the last
+    /// cycle (their `rank` field is set to this rank); `shutdown` says this
+    /// rank wants to stop; `now` drives the stall inspector.
+    pub fn cycle<C: Controller + ?Sized>(
+        &mut self,
+        ctrl: &mut C,
+        requests: Vec<Request>,
+        shutdown: bool,
+        now: Instant,
+    ) -> Result<CycleOutput, CoordinatorError> {
+        if ctrl.rank() != self.rank || ctrl.size() != self.size {
+            return Err(TransportError::InvalidArgument(format!(
+                "coordinator of rank {} of {} run over a controller of rank {} of {}",
+                self.rank,
+                self.size,
+                ctrl.rank(),
+                ctrl.size()
+            ))
+            .into());
+        }
+        self.pending.revalidate(&self.cache);
+        let mut invalid = self.pending.intake(requests, &self.cache);
+        let mut gather_wanted = false;
+        if let Some(r0) = self.rank0.as_deref_mut() {
+            for stall in std::mem::take(&mut r0.invalidate_next) {
+                if self.cache.name(stall.slot) == Some(stall.tensor.as_str()) {
+                    invalid.push(stall.slot);
+                }
+            }
+            gather_wanted = self.config.stall_shutdown.is_some_and(|limit| {
+                !stalled(r0.negotiator.table(), now, limit, &r0.joined).is_empty()
+            });
+        }
+        let local = LocalBits {
+            shutdown,
+            joined: self.pending.joined(),
+            uncached: self.pending.has_uncached(),
+            gather: gather_wanted,
+            invalid,
+            hits: self.pending.hit_slots(),
+        };
+        let mut words = self.layout.encode(self.rank, &local);
+        ctrl.bitwise_allreduce(&mut words, BitOp::And)?;
+        let bits = self.layout.decode(&words);
+
+        let joined_any = bits.any_joined();
+        let everyone_joined = bits.everyone_joined(self.size);
+        let agreed = bits.agreed_hits();
+        self.pending.route(&bits, &agreed);
+        for &slot in &bits.invalid {
+            self.cache.erase(slot);
+        }
+        let cached: Vec<Response> = agreed
+            .iter()
+            .filter_map(|&slot| self.cache.response(slot).cloned())
+            .collect();
+        let gather = bits.needs_gather(self.size);
+        let mut output = CycleOutput {
+            shutdown_ranks: bits.shutdown_ranks.clone(),
+            stats: CycleStats {
+                gathered: gather,
+                cache_hits: cached.len(),
+            },
+            ..CycleOutput::default()
+        };
+        if gather {
+            let (list, events) = self.exchange(ctrl, shutdown, &bits, now)?;
+            output.stall_shutdown = list.shutdown;
+            output.responses = list.responses;
+            output.events = events;
+        }
+        self.watch_cache_path(&bits, &agreed, now);
+        if self.rank0.is_some() {
+            output.events.extend(cached_events(&cached));
+        }
+        self.apply(&output.responses, &cached, &agreed, joined_any);
+        output.responses.extend(cached);
+        output.shutdown = output.stall_shutdown || !output.shutdown_ranks.is_empty();
+        if everyone_joined {
+            self.pending.end_join_round();
+        }
+        self.warn_stalls(&bits, everyone_joined, now);
+        Ok(output)
+    }
+
+    /// Gathers the request lists to rank 0, which negotiates and broadcasts
+    /// the response list. Returns the list and (rank 0) the events.
+    fn exchange<C: Controller + ?Sized>(
+        &mut self,
+        ctrl: &mut C,
+        shutdown: bool,
+        bits: &CycleBits,
+        now: Instant,
+    ) -> Result<(ResponseList, Vec<NegotiationEvent>), CoordinatorError> {
+        let list = RequestList {
+            requests: self.pending.take_outbox(),
+            shutdown,
+        };
+        let gathered = ctrl.gather_bytes(&encode_request_list(&list), 0)?;
+        let Some(r0) = self.rank0.as_deref_mut() else {
+            let bytes = ctrl.broadcast_bytes(&[], 0)?;
+            let reply = decode_response_list(&bytes).map_err(|e| CoordinatorError::Decode {
+                rank: 0,
+                message: e.to_string(),
+            })?;
+            if let Some(message) = abort_message(&reply) {
+                return Err(CoordinatorError::Aborted { message });
+            }
+            return Ok((reply, Vec::new()));
+        };
+        let lists = match decode_lists(gathered, self.size) {
+            Ok(lists) => lists,
+            Err(error) => {
+                // Tell the other ranks instead of leaving them waiting.
+                let abort = ResponseList {
+                    responses: vec![abort_response(error.to_string())],
+                    shutdown: true,
+                };
+                ctrl.broadcast_bytes(&encode_response_list(&abort), 0)?;
+                return Err(error);
+            }
+        };
+        let decision: Decision = r0.negotiator.negotiate(Round {
+            lists: &lists,
+            joined: &bits.joined_ranks,
+            now,
+            stall_shutdown: self.config.stall_shutdown,
+            first_seen: &r0.first_seen,
+        });
+        r0.first_seen.clear();
+        let reply = ResponseList {
+            responses: decision.responses,
+            shutdown: decision.shutdown,
+        };
+        ctrl.broadcast_bytes(&encode_response_list(&reply), 0)?;
+        Ok((reply, decision.events))
+    }
+
+    /// Applies the agreed sequence to the cache and the pending requests,
+    /// identically on every rank: hits are touched (slot order), then the
+    /// successful responses from rank 0 are inserted (response order), unless
+    /// a rank is joined (such responses lack the joined ranks and may be
+    /// adjusted for the join).
+    fn apply(
+        &mut self,
+        from_rank0: &[Response],
+        cached: &[Response],
+        agreed: &[usize],
+        joined_any: bool,
+    ) {
+        for &slot in agreed {
+            self.cache.touch(slot);
+        }
+        for response in cached {
+            self.pending.answer(response);
+        }
+        for response in from_rank0 {
+            let mine = self.pending.answer(response);
+            let cacheable = !joined_any
+                && matches!(response.kind, ResponseKind::Op(kind) if kind != RequestKind::Join);
+            if let (true, [name]) = (cacheable, response.tensor_names.as_slice()) {
+                let params = mine.into_iter().next().flatten();
+                self.cache.insert(name, response.clone(), params);
+            }
+        }
+    }
+
+    /// Rank 0: times the slots that wait on the bit path and schedules those
+    /// waiting past the threshold for invalidation next cycle.
+    fn watch_cache_path(&mut self, bits: &CycleBits, agreed: &[usize], now: Instant) {
+        let (Some(r0), Some(threshold)) = (
+            self.rank0.as_deref_mut(),
+            self.config.cache_stall_threshold(),
+        ) else {
+            return;
+        };
+        if !bits.joined_ranks.is_empty() {
+            r0.cache_stalls.clear();
+            return;
+        }
+        let waiting: Vec<(usize, String)> = bits
+            .hits_any
+            .iter()
+            .filter(|s| !agreed.contains(s) && bits.invalid.binary_search(s).is_err())
+            .filter_map(|&slot| self.cache.name(slot).map(|name| (slot, name.to_owned())))
+            .collect();
+        for stall in r0.cache_stalls.observe(&waiting, now, threshold) {
+            tracing::debug!(
+                tensor = %stall.tensor,
+                slot = stall.slot,
+                "tensor waited on the response cache path too long; sending it through rank 0"
+            );
+            r0.first_seen.insert(stall.tensor.clone(), stall.since);
+            r0.invalidate_next.push(stall);
+        }
+    }
+
+    /// Rank 0: warns about stalled tensors once per warning period.
+    fn warn_stalls(&mut self, bits: &CycleBits, everyone_joined: bool, now: Instant) {
+        let Some(r0) = self.rank0.as_deref_mut() else {
+            return;
+        };
+        r0.joined = if everyone_joined {
+            Vec::new()
+        } else {
+            bits.joined_ranks.clone()
+        };
+        let Some(period) = self.config.stall_warning else {
+            return;
+        };
+        let reports = stalled(r0.negotiator.table(), now, period, &r0.joined);
+        for report in r0.inspector.due(reports, now, period) {
+            tracing::warn!(
+                tensor = %report.tensor,
+                submitted = ?report.submitted,
+                missing = ?report.missing,
+                "{}",
+                report.message()
+            );
+        }
+    }
+}
+
+/// Decodes the gathered request lists (one per rank).
+fn decode_lists(
+    gathered: Option<Vec<Vec<u8>>>,
+    size: usize,
+) -> Result<Vec<RequestList>, CoordinatorError> {
+    let messages = gathered.unwrap_or_default();
+    if messages.len() != size {
+        return Err(TransportError::InvalidArgument(format!(
+            "gather_bytes returned {} messages on the root of a world of {size} ranks",
+            messages.len()
+        ))
+        .into());
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            decode_request_list(bytes).map_err(|e| CoordinatorError::Decode {
+                rank,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The list rank 0 broadcasts when it cannot negotiate: one error response
+/// without tensor names (real responses always name a tensor) and shutdown.
+fn abort_response(message: String) -> Response {
+    let mut response = Response::error(String::new(), message);
+    response.tensor_names.clear();
+    response
+}
+
+/// The message of an abort list from rank 0.
+fn abort_message(list: &ResponseList) -> Option<String> {
+    match list.responses.as_slice() {
+        [only] if list.shutdown && only.is_error() && only.tensor_names.is_empty() => {
+            Some(only.error_message.clone())
+        }
+        _ => None,
+    }
+}
+
+/// Start + End events of the cache hits (rank 0's timeline).
+fn cached_events(cached: &[Response]) -> Vec<NegotiationEvent> {
+    let mut events = Vec::new();
+    for response in cached {
+        let ResponseKind::Op(kind) = response.kind else {
+            continue;
+        };
+        for tensor in &response.tensor_names {
+            events.push(NegotiationEvent::Start {
+                tensor: tensor.clone(),
+                kind,
+            });
+            events.push(NegotiationEvent::End {
+                tensor: tensor.clone(),
+            });
+        }
+    }
+    events
+}

@@ -1,0 +1,63 @@
+//! What a cycle decided.
+
+use kolo_protocol::{RequestKind, Response};
+
+/// Rank-0 events for the timeline: when negotiation of a tensor starts, when
+/// each rank's request arrived, and when it ends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NegotiationEvent {
+    /// The tensor's first request arrived (for a cache hit: it was agreed on).
+    Start {
+        /// The tensor's name.
+        tensor: String,
+        /// Its collective.
+        kind: RequestKind,
+    },
+    /// `rank`'s request for the tensor arrived at rank 0.
+    RankReady {
+        /// The tensor's name.
+        tensor: String,
+        /// The rank whose request arrived.
+        rank: u32,
+    },
+    /// The tensor's response was decided (validated, failed or cached).
+    End {
+        /// The tensor's name.
+        tensor: String,
+    },
+}
+
+/// What one cycle decided; identical on every rank except `events` (rank 0
+/// only) and `stats`.
+#[derive(Clone, Debug, Default)]
+pub struct CycleOutput {
+    /// Responses to perform now, in the same order on every rank, unfused
+    /// (one tensor per response; kolo-fusion fuses them locally, which is
+    /// deterministic). Error responses included (stall errors too). A rank
+    /// ignores responses for names it never submitted (a stall error for a
+    /// tensor it lacks) unless it has joined.
+    pub responses: Vec<Response>,
+    /// Every rank must stop after performing `responses`.
+    pub shutdown: bool,
+    /// The ranks that asked for the shutdown (empty unless `shutdown`), so
+    /// that pending handles can fail naming them.
+    pub shutdown_ranks: Vec<u32>,
+    /// The shutdown comes from the stall inspector: `responses` holds the
+    /// stall errors naming the tensors and ranks (possibly together with
+    /// `shutdown_ranks`).
+    pub stall_shutdown: bool,
+    /// Timeline events (rank 0 only).
+    pub events: Vec<NegotiationEvent>,
+    /// How the cycle went on this rank.
+    pub stats: CycleStats,
+}
+
+/// How one cycle went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CycleStats {
+    /// True when request lists were gathered to rank 0 this cycle (false
+    /// when the response cache settled everything with bit vectors).
+    pub gathered: bool,
+    /// Responses that came from the cache this cycle.
+    pub cache_hits: usize,
+}

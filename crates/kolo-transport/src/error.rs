@@ -8,7 +8,12 @@ pub enum TransportError {
     /// A peer rank failed (panicked, returned an error, or exited) while this
     /// rank was waiting on it.
     #[error("rank {rank} failed: {message}")]
-    PeerFailed { rank: usize, message: String },
+    PeerFailed {
+        /// The failed rank.
+        rank: usize,
+        /// Why it failed (its error or panic message).
+        message: String,
+    },
     /// The caller passed arguments that cannot work (wrong lengths, a rank
     /// out of range, ...). The message names the values.
     #[error("invalid argument: {0}")]
@@ -24,4 +29,5 @@ pub enum TransportError {
     Backend(String),
 }
 
+/// A result whose error defaults to [`TransportError`].
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;

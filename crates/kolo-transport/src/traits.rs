@@ -9,14 +9,18 @@ use kolo_protocol::ReduceOp;
 /// Bitwise reduction for [`Controller::bitwise_allreduce`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BitOp {
+    /// Bit set on every rank.
     And,
+    /// Bit set on any rank.
     Or,
 }
 
 /// Which memory a backend's data plane reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemoryKind {
+    /// Host (CPU) memory.
     Host,
+    /// CUDA device memory.
     Cuda,
 }
 
@@ -24,18 +28,34 @@ pub enum MemoryKind {
 /// `ReduceOp::Average` folds `1 / size` into the postscale.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Scale {
+    /// Applied to every rank's input before the reduction.
     pub prescale: f64,
+    /// Applied to the reduced result.
     pub postscale: f64,
 }
 
 impl Scale {
+    /// No scaling: both factors 1.
     pub const NONE: Scale = Scale {
         prescale: 1.0,
         postscale: 1.0,
     };
 
+    /// True when both factors are exactly 1.
     pub fn is_identity(&self) -> bool {
         self.prescale == 1.0 && self.postscale == 1.0
+    }
+
+    /// The factor to apply to the reduced result of `op` over `size` ranks:
+    /// `postscale`, divided by `size` for [`ReduceOp::Average`]. Applied
+    /// once with [`Element::scale`], so integer averages are "wrapping sum,
+    /// times `postscale / size` in f64, rounded toward zero". Every backend
+    /// uses this one function so that integer results agree bit for bit.
+    pub fn postscale_for(&self, op: ReduceOp, size: usize) -> f64 {
+        match op {
+            ReduceOp::Average => self.postscale / size.max(1) as f64,
+            _ => self.postscale,
+        }
     }
 }
 
@@ -47,7 +67,9 @@ impl Default for Scale {
 
 /// Where this rank stands in its communicator; shared by both planes.
 pub trait Topology {
+    /// This rank, in `0..size()`.
     fn rank(&self) -> usize;
+    /// Number of ranks in the communicator.
     fn size(&self) -> usize;
     /// Rank among the ranks of this host.
     fn local_rank(&self) -> usize;
@@ -92,11 +114,14 @@ pub trait Collectives: Topology {
     }
 
     /// Sends `buf` to `peer` with `tag`. Messages between one pair with one
-    /// tag arrive in the order sent.
+    /// tag arrive in the order sent. User tags must be below
+    /// [`crate::RESERVED_TAG_BASE`]: the tags above it belong to the generic
+    /// algorithms and to backends' internal messages.
     fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()>;
 
     /// Receives exactly `buf.len()` elements from `peer` with `tag`; a message
     /// of another length is an `InvalidArgument` error naming both lengths.
+    /// User tags must be below [`crate::RESERVED_TAG_BASE`].
     fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()>;
 
     /// Sends `send` to `dst` and receives `recv` from `src` without
@@ -116,7 +141,8 @@ pub trait Collectives: Topology {
     }
 
     /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
-    /// divides the sum by `size` (see [`Element::scale`] for integers).
+    /// divides the sum by `size` (see [`Scale::postscale_for`] and
+    /// [`Element::scale`] for integers).
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()>
     where
         Self: Sized,

@@ -11,15 +11,40 @@ use kolo_protocol::ReduceOp;
 pub enum TxOp<'a, T> {
     /// Even reduce-scatter: `recv.len() * size == send.len()`.
     ReduceScatter {
+        /// Every rank's full input.
         send: &'a [T],
+        /// This rank's reduced block.
         recv: &'a mut [T],
+        /// The reduction.
         op: ReduceOp,
+        /// Factors around it.
         scale: Scale,
     },
     /// Even all-gather: `send.len() * size == recv.len()`.
-    AllGather { send: &'a [T], recv: &'a mut [T] },
-    Send { buf: &'a [T], peer: usize, tag: u32 },
-    Recv { buf: &'a mut [T], peer: usize, tag: u32 },
+    AllGather {
+        /// This rank's block.
+        send: &'a [T],
+        /// Every rank's block, in rank order.
+        recv: &'a mut [T],
+    },
+    /// Point-to-point send.
+    Send {
+        /// The data.
+        buf: &'a [T],
+        /// The receiving rank.
+        peer: usize,
+        /// The message tag.
+        tag: u32,
+    },
+    /// Point-to-point receive.
+    Recv {
+        /// Where the data goes (its length is the message's).
+        buf: &'a mut [T],
+        /// The sending rank.
+        peer: usize,
+        /// The message tag.
+        tag: u32,
+    },
 }
 
 /// Operations collected between `begin` ([`Transaction::new`]) and
@@ -41,30 +66,47 @@ impl<'a, T: Element> Transaction<'a, T> {
         Self::default()
     }
 
-    pub fn reduce_scatter(&mut self, send: &'a [T], recv: &'a mut [T], op: ReduceOp, scale: Scale) -> &mut Self {
-        self.ops.push(TxOp::ReduceScatter { send, recv, op, scale });
+    /// Schedules an even reduce-scatter (`recv.len() * size == send.len()`).
+    pub fn reduce_scatter(
+        &mut self,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> &mut Self {
+        self.ops.push(TxOp::ReduceScatter {
+            send,
+            recv,
+            op,
+            scale,
+        });
         self
     }
 
+    /// Schedules an even all-gather (`send.len() * size == recv.len()`).
     pub fn all_gather(&mut self, send: &'a [T], recv: &'a mut [T]) -> &mut Self {
         self.ops.push(TxOp::AllGather { send, recv });
         self
     }
 
+    /// Schedules a send of `buf` to `peer` with `tag`.
     pub fn send(&mut self, buf: &'a [T], peer: usize, tag: u32) -> &mut Self {
         self.ops.push(TxOp::Send { buf, peer, tag });
         self
     }
 
+    /// Schedules a receive of `buf.len()` elements from `peer` with `tag`.
     pub fn recv(&mut self, buf: &'a mut [T], peer: usize, tag: u32) -> &mut Self {
         self.ops.push(TxOp::Recv { buf, peer, tag });
         self
     }
 
+    /// Number of scheduled operations.
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
+    /// True when nothing is scheduled.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
@@ -84,7 +126,12 @@ impl<'a, T: Element> Transaction<'a, T> {
         let mut sends = Vec::new();
         for op in self.ops {
             match op {
-                TxOp::ReduceScatter { send, recv, op, scale } => {
+                TxOp::ReduceScatter {
+                    send,
+                    recv,
+                    op,
+                    scale,
+                } => {
                     let counts = even_counts(send.len(), recv.len(), comm.size())?;
                     comm.reduce_scatter(send, recv, &counts, op, scale)?;
                 }

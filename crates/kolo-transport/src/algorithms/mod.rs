@@ -1,92 +1,55 @@
 //! Generic collective algorithms written once against point-to-point
-//! `send` / `recv` / `sendrecv` of [`Collectives`] (Gloo's way): the defaults
-//! of every collective in the trait. CONTRACT STUB: the transport work
-//! replaces these bodies (one module per algorithm) and adds the
-//! [`Generic`] adapter's tests.
+//! `send` / `recv` / `sendrecv` of [`Collectives`] and [`Topology`] (Gloo's
+//! way): the defaults of every collective in the trait, so a backend that
+//! only moves messages between pairs of ranks gets every collective.
+//!
+//! | collective     | algorithm                                    | steps            |
+//! |----------------|----------------------------------------------|------------------|
+//! | allreduce      | ring reduce-scatter, then ring allgather     | `2 (n - 1)`      |
+//! | reduce-scatter | ring, one block per rank (uneven allowed)    | `n - 1`          |
+//! | allgatherv     | ring, one block per rank (zeros allowed)     | `n - 1`          |
+//! | broadcast      | binomial tree from any root                  | `ceil(log2 n)`   |
+//! | alltoallv      | pairwise exchange                            | `n - 1`          |
+//! | barrier        | dissemination                                | `ceil(log2 n)`   |
+//!
+//! Every algorithm checks its arguments first (count lists of length
+//! `size`, buffer lengths, `root < size`) and returns
+//! [`crate::TransportError::InvalidArgument`] naming the values; empty
+//! buffers and a single rank are ordinary cases. Their messages use tags
+//! from [`RESERVED_TAG_BASE`] up, which user code must not use.
 
-use crate::element::Element;
-use crate::error::Result;
-use crate::traits::{Collectives, Scale, Topology};
-use kolo_protocol::ReduceOp;
+mod blocks;
+mod dissemination_barrier;
+mod generic;
+mod pairwise_alltoallv;
+mod ring_allgatherv;
+mod ring_allreduce;
+mod ring_reduce_scatter;
+mod tree_broadcast;
 
-pub fn ring_allreduce<C: Collectives + ?Sized, T: Element>(
-    _comm: &mut C,
-    _buf: &mut [T],
-    _op: ReduceOp,
-    _scale: Scale,
-) -> Result<()> {
-    unimplemented!("transport work")
-}
+pub use dissemination_barrier::dissemination_barrier;
+pub use generic::Generic;
+pub use pairwise_alltoallv::pairwise_alltoallv;
+pub use ring_allgatherv::ring_allgatherv;
+pub use ring_allreduce::ring_allreduce;
+pub use ring_reduce_scatter::ring_reduce_scatter;
+pub use tree_broadcast::tree_broadcast;
 
-pub fn ring_allgatherv<C: Collectives + ?Sized, T: Element>(
-    _comm: &mut C,
-    _send: &[T],
-    _recv: &mut [T],
-    _counts: &[usize],
-) -> Result<()> {
-    unimplemented!("transport work")
-}
+#[allow(unused_imports)] // The docs above link to these.
+use crate::traits::{Collectives, Topology};
 
-pub fn ring_reduce_scatter<C: Collectives + ?Sized, T: Element>(
-    _comm: &mut C,
-    _send: &[T],
-    _recv: &mut [T],
-    _counts: &[usize],
-    _op: ReduceOp,
-    _scale: Scale,
-) -> Result<()> {
-    unimplemented!("transport work")
-}
+/// The first tag reserved for kolo itself: user `send` / `recv` tags must be
+/// below it. `RESERVED_TAG_BASE..BACKEND_TAG_BASE` belongs to the generic
+/// algorithms of this module, `BACKEND_TAG_BASE..` to backends' internal
+/// messages.
+pub const RESERVED_TAG_BASE: u32 = 0xFFFF_0000;
 
-pub fn tree_broadcast<C: Collectives + ?Sized, T: Element>(_comm: &mut C, _buf: &mut [T], _root: usize) -> Result<()> {
-    unimplemented!("transport work")
-}
+/// The first tag a backend may use for its own internal messages.
+pub const BACKEND_TAG_BASE: u32 = 0xFFFF_8000;
 
-pub fn pairwise_alltoallv<C: Collectives + ?Sized, T: Element>(
-    _comm: &mut C,
-    _send: &[T],
-    _send_counts: &[usize],
-    _recv: &mut [T],
-    _recv_counts: &[usize],
-) -> Result<()> {
-    unimplemented!("transport work")
-}
-
-pub fn dissemination_barrier<C: Collectives + ?Sized>(_comm: &mut C) -> Result<()> {
-    unimplemented!("transport work")
-}
-
-/// Wraps a backend so that only its `send`, `recv` and `sendrecv` are used:
-/// every collective then runs the generic algorithms of this module. Used to
-/// test the generic algorithms over any backend (the threads backend in CI).
-pub struct Generic<C>(pub C);
-
-impl<C: Topology> Topology for Generic<C> {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn size(&self) -> usize {
-        self.0.size()
-    }
-    fn local_rank(&self) -> usize {
-        self.0.local_rank()
-    }
-    fn local_size(&self) -> usize {
-        self.0.local_size()
-    }
-}
-
-impl<C: Collectives> Collectives for Generic<C> {
-    fn memory(&self) -> crate::traits::MemoryKind {
-        self.0.memory()
-    }
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        self.0.send(buf, peer, tag)
-    }
-    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        self.0.recv(buf, peer, tag)
-    }
-    fn sendrecv<T: Element>(&mut self, send: &[T], dst: usize, recv: &mut [T], src: usize, tag: u32) -> Result<()> {
-        self.0.sendrecv(send, dst, recv, src, tag)
-    }
-}
+const ALLREDUCE_TAG: u32 = RESERVED_TAG_BASE + 1;
+const REDUCE_SCATTER_TAG: u32 = RESERVED_TAG_BASE + 2;
+const ALLGATHER_TAG: u32 = RESERVED_TAG_BASE + 3;
+const BROADCAST_TAG: u32 = RESERVED_TAG_BASE + 4;
+const ALLTOALL_TAG: u32 = RESERVED_TAG_BASE + 5;
+const BARRIER_TAG: u32 = RESERVED_TAG_BASE + 6;

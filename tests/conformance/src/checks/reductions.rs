@@ -1,0 +1,71 @@
+//! Allreduce and reduce-scatter.
+
+use super::check_counts;
+use crate::failure::{agree, transport, Failure};
+use crate::reference::Reduction;
+use crate::values::{inputs, salt_of, Values};
+use kolo_protocol::ReduceOp;
+use kolo_transport::{Collectives, Controller, Element, Scale};
+
+fn reduction(case: &str, ranks: usize, op: ReduceOp, scale: Scale) -> Reduction {
+    Reduction {
+        values: Values::for_op(op),
+        salt: salt_of(case),
+        ranks,
+        op,
+        scale,
+    }
+}
+
+/// Allreduce of `count` elements of `T` with `op` and `scale`; every rank
+/// checks the whole result.
+pub fn check_allreduce<T: Element, C: Collectives + Controller>(
+    comm: &mut C,
+    count: usize,
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), Failure> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let case = format!(
+        "allreduce dtype={} count={count} op={} prescale={} postscale={} size={n}",
+        T::DTYPE,
+        op.name(),
+        scale.prescale,
+        scale.postscale
+    );
+    let reduction = reduction(&case, n, op, scale);
+    let mut buf = inputs::<T>(count, reduction.values, reduction.salt, rank, 0);
+    comm.allreduce(&mut buf, op, scale)
+        .map_err(transport(&case, rank))?;
+    let local = reduction.check(&case, rank, 0, &buf, 0);
+    agree(comm, &case, local)
+}
+
+/// Reduce-scatter with `counts[r]` elements for rank r (`counts` has one
+/// entry per rank, the same on every rank; zeros allowed); every rank checks
+/// its block.
+pub fn check_reduce_scatter<T: Element, C: Collectives + Controller>(
+    comm: &mut C,
+    counts: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), Failure> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let case = format!(
+        "reduce_scatter dtype={} counts={counts:?} op={} prescale={} postscale={} size={n}",
+        T::DTYPE,
+        op.name(),
+        scale.prescale,
+        scale.postscale
+    );
+    check_counts(&case, rank, counts, n)?;
+    let reduction = reduction(&case, n, op, scale);
+    let total = counts.iter().sum();
+    let offset: usize = counts[..rank].iter().sum();
+    let send = inputs::<T>(total, reduction.values, reduction.salt, rank, 0);
+    let mut recv = vec![T::default(); counts[rank]];
+    comm.reduce_scatter(&send, &mut recv, counts, op, scale)
+        .map_err(transport(&case, rank))?;
+    let local = reduction.check(&case, rank, offset, &recv, 0);
+    agree(comm, &case, local)
+}

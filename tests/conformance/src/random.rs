@@ -1,0 +1,179 @@
+//! Random sequences of collectives for property tests: generated once (from
+//! a proptest strategy, or from a seed every rank shares), run on every
+//! rank, each result checked against the reference.
+
+use crate::checks::{
+    check_allgatherv, check_allreduce, check_alltoallv, check_barrier, check_broadcast,
+    check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
+};
+use crate::failure::Failure;
+use crate::suite::{Report, SCALED};
+use crate::values::uneven_counts;
+use kolo_protocol::{DataType, ReduceOp};
+use kolo_transport::{with_element_type, Collectives, Controller, Scale};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// The operation of a [`RandomCase`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RandomOp {
+    /// [`crate::check_allreduce`].
+    Allreduce,
+    /// [`crate::check_reduce_scatter`] with [`crate::uneven_counts`].
+    ReduceScatter,
+    /// [`crate::check_allgatherv`] with [`crate::uneven_counts`].
+    Allgatherv,
+    /// [`crate::check_broadcast`].
+    Broadcast,
+    /// [`crate::check_alltoallv`].
+    Alltoallv,
+    /// [`crate::check_send_recv`] (needs buffered sends).
+    SendRecvTags,
+    /// [`crate::check_sendrecv`].
+    SendRecvRing,
+    /// [`crate::check_barrier`], one round.
+    Barrier,
+    /// [`crate::check_transaction`].
+    Transaction,
+}
+
+impl RandomOp {
+    /// Every operation.
+    pub const ALL: [RandomOp; 9] = [
+        RandomOp::Allreduce,
+        RandomOp::ReduceScatter,
+        RandomOp::Allgatherv,
+        RandomOp::Broadcast,
+        RandomOp::Alltoallv,
+        RandomOp::SendRecvTags,
+        RandomOp::SendRecvRing,
+        RandomOp::Barrier,
+        RandomOp::Transaction,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            RandomOp::Allreduce => "allreduce",
+            RandomOp::ReduceScatter => "reduce_scatter",
+            RandomOp::Allgatherv => "allgatherv",
+            RandomOp::Broadcast => "broadcast",
+            RandomOp::Alltoallv => "alltoallv",
+            RandomOp::SendRecvTags => "send_recv",
+            RandomOp::SendRecvRing => "sendrecv",
+            RandomOp::Barrier => "barrier",
+            RandomOp::Transaction => "transaction",
+        }
+    }
+}
+
+/// One collective of a random sequence. Independent of the communicator's
+/// size: `root` is taken modulo the size when the case runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RandomCase {
+    /// Which operation.
+    pub op: RandomOp,
+    /// Element type.
+    pub dtype: DataType,
+    /// Element count (the base of the uneven counts where those are used).
+    pub count: usize,
+    /// Broadcast root, modulo the size.
+    pub root: usize,
+    /// Reduce op of the reductions.
+    pub reduce: ReduceOp,
+    /// Whether the reductions also prescale by 0.5 and postscale by 2.
+    pub scaled: bool,
+}
+
+/// One random case with counts up to `max_count`.
+pub fn random_case(max_count: usize) -> impl Strategy<Value = RandomCase> {
+    (
+        prop::sample::select(RandomOp::ALL.to_vec()),
+        prop::sample::select(DataType::ALL.to_vec()),
+        0..=max_count,
+        0usize..64,
+        prop::sample::select(ReduceOp::ALL.to_vec()),
+        any::<bool>(),
+    )
+        .prop_map(|(op, dtype, count, root, reduce, scaled)| RandomCase {
+            op,
+            dtype,
+            count,
+            root,
+            reduce,
+            scaled,
+        })
+}
+
+/// A sequence of 1 to `max_len` random cases with counts up to `max_count`:
+/// generate it in the test, then run it on every rank with
+/// [`run_random_cases`].
+pub fn random_cases_strategy(
+    max_len: usize,
+    max_count: usize,
+) -> impl Strategy<Value = Vec<RandomCase>> {
+    prop::collection::vec(random_case(max_count), 1..=max_len.max(1))
+}
+
+/// The same sequence for the same `seed` on every rank and every machine:
+/// for backends whose ranks cannot share a generated value (one process per
+/// rank), which agree on a seed instead.
+pub fn random_cases(seed: u64, len: usize, max_count: usize) -> Vec<RandomCase> {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &key);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let strategy = prop::collection::vec(random_case(max_count), len);
+    match strategy.new_tree(&mut runner) {
+        Ok(tree) => tree.current(),
+        // A plain vector strategy never rejects; stay total regardless.
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Runs `cases` in order on `comm` (collectively, same cases on every
+/// rank), checking each against the reference.
+pub fn run_random_cases<C: Collectives + Controller>(
+    comm: &mut C,
+    cases: &[RandomCase],
+) -> Result<Report, Failure> {
+    let mut report = Report::default();
+    for case in cases {
+        run_case(comm, case)?;
+        report.add(case.op.name(), 1);
+    }
+    Ok(report)
+}
+
+fn run_case<C: Collectives + Controller>(comm: &mut C, case: &RandomCase) -> Result<(), Failure> {
+    let n = comm.size();
+    let scale = if case.scaled { SCALED } else { Scale::NONE };
+    let count = case.count;
+    with_element_type!(case.dtype, T => match case.op {
+        RandomOp::Allreduce => check_allreduce::<T, C>(comm, count, case.reduce, scale),
+        RandomOp::ReduceScatter => {
+            check_reduce_scatter::<T, C>(comm, &uneven_counts(count, n), case.reduce, scale)
+        }
+        RandomOp::Allgatherv => check_allgatherv::<T, C>(comm, &uneven_counts(count, n)),
+        RandomOp::Broadcast => check_broadcast::<T, C>(comm, count, case.root % n),
+        RandomOp::Alltoallv => check_alltoallv::<T, C>(comm, count),
+        RandomOp::SendRecvTags => check_send_recv::<T, C>(comm, count),
+        RandomOp::SendRecvRing => check_sendrecv::<T, C>(comm, count),
+        RandomOp::Barrier => check_barrier(comm, 1),
+        RandomOp::Transaction => check_transaction::<T, C>(comm, count),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_sequence() {
+        let a = random_cases(42, 20, 100);
+        assert_eq!(a.len(), 20);
+        assert_eq!(a, random_cases(42, 20, 100));
+        assert_ne!(a, random_cases(43, 20, 100));
+        assert!(a.iter().all(|c| c.count <= 100 && c.root < 64));
+    }
+}

@@ -1,0 +1,175 @@
+//! Allreduce and reduce-scatter on shared memory, with no staging copies.
+//!
+//! Small allreduces ([`takes_small_path`]) take the low-latency path: every
+//! rank reduces the whole vector from all published buffers into its
+//! scratch and copies it back after the closing barrier (two barriers).
+//! Each rank reads n times the vector, so the threshold shrinks with n. Larger ones reduce in place ([`crate::partition::Schedule`]):
+//! each rank reduces its own 1/n chunk, reading every peer's buffer
+//! directly (block by block through a cache-sized scratch block), and
+//! writes the result into its own buffer; after a barrier each rank copies
+//! the other chunks from their owners; the closing barrier keeps every
+//! buffer alive until no peer reads it (three barriers). Reduce-scatter
+//! reads the peers' send buffers and reduces straight into the caller's
+//! receive block.
+
+use crate::call::{Call, Kind};
+use crate::comm::ThreadComm;
+use crate::partition::blocks;
+use crate::reduce::reduce_scaled;
+use crate::scratch::Slot;
+use crate::shared::{Buf, Publication, Round};
+use kolo_protocol::ReduceOp;
+use kolo_transport::{Element, Scale, TransportError};
+
+/// The small path is taken while `bytes * size^2` stays within this
+/// budget: 16 KiB on 2 ranks, 4 KiB on 4, 1 KiB on 8 (where the two paths
+/// measured even on an idle 16-core host).
+const SMALL_ALLREDUCE_BUDGET: usize = 64 * 1024;
+
+/// Does an allreduce of `bytes` on `size` ranks take the small path?
+pub(crate) fn takes_small_path(bytes: usize, size: usize) -> bool {
+    bytes.saturating_mul(size.saturating_mul(size)) <= SMALL_ALLREDUCE_BUDGET
+}
+
+/// Bytes per block of the in-place path's scratch.
+const BLOCK_BYTES: usize = 16 * 1024;
+
+pub(crate) fn allreduce<T: Element>(
+    comm: &mut ThreadComm,
+    buf: &mut [T],
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), TransportError> {
+    let call = Call::reduce::<T>(Kind::Allreduce, op, scale);
+    if takes_small_path(std::mem::size_of_val(buf), comm.world.size) {
+        small(comm, buf, call, op, scale)
+    } else {
+        in_place(comm, buf, call, op, scale)
+    }
+}
+
+fn small<T: Element>(
+    comm: &mut ThreadComm,
+    buf: &mut [T],
+    call: Call,
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), TransportError> {
+    let ThreadComm {
+        world,
+        rank,
+        scratch,
+        ..
+    } = comm;
+    let mut out = scratch.take::<T>(Slot::Out, buf.len());
+    let mut scaled = scratch.take::<T>(Slot::Scaled, 0);
+    let out_block = &mut out[..buf.len()];
+    {
+        let round = Round::open(
+            world,
+            *rank,
+            Publication::new(call).read_only(Buf::Send, &*buf),
+        )?;
+        let srcs = (0..world.size)
+            .map(|peer| round.view::<T>(peer, Buf::Send))
+            .collect::<Result<Vec<_>, _>>()?;
+        reduce_scaled(out_block, &srcs, op, scale.prescale, &mut scaled);
+        drop(srcs);
+        round.close()?;
+    }
+    T::scale(out_block, scale.postscale_for(op, world.size));
+    buf.copy_from_slice(out_block);
+    scratch.put(Slot::Out, out);
+    scratch.put(Slot::Scaled, scaled);
+    Ok(())
+}
+
+fn in_place<T: Element>(
+    comm: &mut ThreadComm,
+    buf: &mut [T],
+    call: Call,
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), TransportError> {
+    let ThreadComm {
+        world,
+        rank,
+        scratch,
+        ..
+    } = comm;
+    let (size, rank) = (world.size, *rank);
+    let block = (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    let post = scale.postscale_for(op, size);
+    let mut out = scratch.take::<T>(Slot::Out, block);
+    let mut scaled = scratch.take::<T>(Slot::Scaled, 0);
+
+    let mut round = Round::open(world, rank, Publication::new(call).in_place(buf))?;
+    // Step 0: reduce this rank's chunk from every rank's buffer.
+    for range in blocks(round.schedule().chunk(rank), block) {
+        let out_block = &mut out[..range.len()];
+        let srcs = (0..size)
+            .map(|peer| round.in_place_read::<T>(peer, range.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        reduce_scaled(out_block, &srcs, op, scale.prescale, &mut scaled);
+        drop(srcs);
+        T::scale(out_block, post);
+        round.in_place_write(range, out_block)?;
+    }
+    round.sync()?;
+    // Step 1: copy the other chunks from their owners, starting with the
+    // next rank so that the ranks do not all read rank 0 first.
+    for offset in 1..size {
+        let owner = (rank + offset) % size;
+        let range = round.schedule().chunk(owner);
+        round.in_place_copy::<T>(owner, range)?;
+    }
+    round.close()?;
+    scratch.put(Slot::Out, out);
+    scratch.put(Slot::Scaled, scaled);
+    Ok(())
+}
+
+pub(crate) fn reduce_scatter<T: Element>(
+    comm: &mut ThreadComm,
+    send: &[T],
+    recv: &mut [T],
+    counts: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), TransportError> {
+    let ThreadComm {
+        world,
+        rank,
+        scratch,
+        ..
+    } = comm;
+    let rank = *rank;
+    let publication = Publication::new(Call::reduce::<T>(Kind::ReduceScatter, op, scale))
+        .read_only(Buf::Send, send)
+        .len_only(Buf::Recv, recv.len())
+        .read_only(Buf::Counts, counts);
+    let round = Round::open(world, rank, publication)?;
+    // The verdict checked that every rank passed the same `size` counts,
+    // that they add up to every send length, and that `recv` is block `rank`.
+    let start: usize = counts.iter().take(rank).sum();
+    let range = start..start + recv.len();
+    let srcs = (0..world.size)
+        .map(|peer| {
+            round
+                .view::<T>(peer, Buf::Send)?
+                .get(range.clone())
+                .ok_or_else(|| {
+                    TransportError::Backend(format!(
+                        "kolo-threads internal error: block {range:?} of rank {peer}"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, TransportError>>()?;
+    let mut scaled = scratch.take::<T>(Slot::Scaled, 0);
+    reduce_scaled(recv, &srcs, op, scale.prescale, &mut scaled);
+    scratch.put(Slot::Scaled, scaled);
+    drop(srcs);
+    round.close()?;
+    T::scale(recv, scale.postscale_for(op, world.size));
+    Ok(())
+}

@@ -1,0 +1,456 @@
+//! The one module where ranks touch each other's memory.
+//!
+//! Every collective is a *round*. Each rank publishes a descriptor in its
+//! own slot — its [`Call`] and (pointer, length) views of its buffers — and
+//! waits at the opening barrier. Between the opening and the closing
+//! barrier the ranks read each other's slots and published buffers in
+//! place; after the closing barrier nobody does. The raw accesses rest on
+//! five invariants, each enforced here rather than by the callers:
+//!
+//! 1. A slot is written only by its rank and only before the opening
+//!    barrier of that rank's round; every round ends with a barrier that no
+//!    rank passes before every rank has stopped reading slots.
+//! 2. A published buffer stays borrowed (for `'r`) by its owner's [`Round`]
+//!    until the owner has passed the closing barrier, so it outlives every
+//!    peer's reads.
+//! 3. A read-only buffer is published from a shared borrow: nobody writes
+//!    it during the round. An in-place buffer is written only by its owner
+//!    and only where the [`Schedule`] of the current step lets no peer read
+//!    (checked on every access, against a schedule every rank computes from
+//!    the same published length).
+//! 4. A buffer is read as `T` only if it was published as exactly `T`.
+//! 5. A view borrows the round, so it cannot live across a barrier
+//!    ([`Round::sync`] takes `&mut self`, [`Round::close`] takes `self`),
+//!    and a rank that leaves a round early (a panic, an internal error)
+//!    first marks itself down and waits at the next barrier: the round then
+//!    fails on every rank and nobody reads its buffers after it left.
+
+use crate::barrier::Wait;
+use crate::call::{Call, Kind, PeerArgs};
+use crate::partition::Schedule;
+use crate::validate;
+use crate::world::World;
+use crossbeam_utils::CachePadded;
+use kolo_transport::{Element, TransportError};
+use std::any::TypeId;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::ops::Range;
+
+/// The buffers a rank may publish in a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Buf {
+    /// The send buffer, or the in-place buffer of allreduce.
+    Send = 0,
+    /// The receive buffer (usually its length only).
+    Recv = 1,
+    /// `counts`, or alltoallv's `send_counts`.
+    Counts = 2,
+    /// alltoallv's `recv_counts`.
+    RecvCounts = 3,
+}
+
+/// What peers may do with a published buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Only the length is published.
+    LenOnly,
+    /// Peers may read all of it; nobody writes it during the round.
+    ReadOnly,
+    /// The owner reduces in place following the chunk schedule.
+    InPlace,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RawBuf {
+    ptr: *const (),
+    len: usize,
+    type_id: Option<TypeId>,
+    access: Access,
+}
+
+const ABSENT: RawBuf = RawBuf {
+    ptr: std::ptr::null(),
+    len: 0,
+    type_id: None,
+    access: Access::LenOnly,
+};
+
+#[derive(Clone, Copy, Debug)]
+struct Descriptor {
+    call: Call,
+    bufs: [RawBuf; 4],
+}
+
+/// One descriptor slot per rank.
+pub(crate) struct Slots {
+    cells: Box<[CachePadded<UnsafeCell<Descriptor>>]>,
+}
+
+// SAFETY: a slot is written only by its own rank and read by the others only
+// while no write can happen (invariant 1; the barriers order the accesses);
+// the raw pointers it holds are dereferenced only under invariants 2-4.
+unsafe impl Sync for Slots {}
+// SAFETY: as above; the slots own no thread-bound data.
+unsafe impl Send for Slots {}
+
+impl std::fmt::Debug for Slots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots")
+            .field("ranks", &self.cells.len())
+            .finish()
+    }
+}
+
+impl Slots {
+    pub(crate) fn new(size: usize) -> Self {
+        let empty = Descriptor {
+            call: Call::plain(Kind::Barrier),
+            bufs: [ABSENT; 4],
+        };
+        Slots {
+            cells: (0..size)
+                .map(|_| CachePadded::new(UnsafeCell::new(empty)))
+                .collect(),
+        }
+    }
+}
+
+/// A rank's descriptor under construction, borrowing its buffers for `'r`.
+pub(crate) struct Publication<'r> {
+    desc: Descriptor,
+    _borrows: PhantomData<&'r mut ()>,
+}
+
+impl<'r> Publication<'r> {
+    pub(crate) fn new(call: Call) -> Self {
+        Publication {
+            desc: Descriptor {
+                call,
+                bufs: [ABSENT; 4],
+            },
+            _borrows: PhantomData,
+        }
+    }
+
+    fn with(mut self, which: Buf, raw: RawBuf) -> Self {
+        self.desc.bufs[which as usize] = raw;
+        self
+    }
+
+    /// Lets peers read `data` during the round.
+    pub(crate) fn read_only<T: Sync + 'static>(self, which: Buf, data: &'r [T]) -> Self {
+        self.with(
+            which,
+            RawBuf {
+                ptr: data.as_ptr().cast(),
+                len: data.len(),
+                type_id: Some(TypeId::of::<T>()),
+                access: Access::ReadOnly,
+            },
+        )
+    }
+
+    /// Reduces `data` (the send buffer) in place under the [`Schedule`].
+    pub(crate) fn in_place<T: Element>(self, data: &'r mut [T]) -> Self {
+        self.with(
+            Buf::Send,
+            RawBuf {
+                ptr: data.as_mut_ptr().cast_const().cast(),
+                len: data.len(),
+                type_id: Some(TypeId::of::<T>()),
+                access: Access::InPlace,
+            },
+        )
+    }
+
+    /// Publishes only a length.
+    pub(crate) fn len_only(self, which: Buf, len: usize) -> Self {
+        self.with(which, RawBuf { len, ..ABSENT })
+    }
+}
+
+/// An error that only a bug in this crate can cause.
+pub(crate) fn internal(what: String) -> TransportError {
+    TransportError::Backend(format!("kolo-threads internal error: {what}"))
+}
+
+/// One rank's part in one collective; see the module docs.
+pub(crate) struct Round<'w, 'r> {
+    world: &'w World,
+    rank: usize,
+    /// Barriers passed inside the round (0 right after opening): the step
+    /// of the schedule.
+    step: usize,
+    /// True while leaving would let peers read freed memory.
+    armed: bool,
+    /// The schedule of an in-place send buffer (of no elements otherwise).
+    schedule: Schedule,
+    own: Descriptor,
+    _borrows: PhantomData<&'r mut ()>,
+}
+
+impl<'w, 'r> Round<'w, 'r> {
+    /// Publishes `publication` in `rank`'s slot, waits until every rank has
+    /// published (failing at once if a rank is down), and checks that the
+    /// calls fit together: if not, every rank closes the round and returns
+    /// the same `InvalidArgument`.
+    pub(crate) fn open(
+        world: &'w World,
+        rank: usize,
+        publication: Publication<'r>,
+    ) -> Result<Self, TransportError> {
+        let own = publication.desc;
+        let cell = world
+            .slots
+            .cells
+            .get(rank)
+            .ok_or_else(|| internal(format!("no slot for rank {rank}")))?;
+        // SAFETY: invariant 1. Only this rank writes slot `rank`, and no peer
+        // reads it now: peers read it only between the opening and closing
+        // barriers of a round, and this rank has passed the last barrier of
+        // its previous round (or that round failed at its opening on every
+        // rank, before anyone read).
+        unsafe { *cell.get() = own };
+        world.barrier_wait(Wait::Abortable)?;
+        let in_place = own.bufs[Buf::Send as usize];
+        let len = if in_place.access == Access::InPlace {
+            in_place.len
+        } else {
+            0
+        };
+        let schedule = Schedule::new(len, world.size, chunk_align(own.call));
+        let round = Round {
+            world,
+            rank,
+            step: 0,
+            armed: true,
+            schedule,
+            own,
+            _borrows: PhantomData,
+        };
+        let verdict = validate::check(&round.args()?);
+        match verdict {
+            Ok(()) => Ok(round),
+            Err(message) => {
+                round.close()?;
+                Err(TransportError::InvalidArgument(message))
+            }
+        }
+    }
+
+    fn desc(&self, peer: usize) -> Result<Descriptor, TransportError> {
+        let cell = self
+            .world
+            .slots
+            .cells
+            .get(peer)
+            .ok_or_else(|| internal(format!("no slot for rank {peer}")))?;
+        // SAFETY: invariant 1. Every rank has passed this round's opening
+        // barrier, which orders its slot write before this read, and none
+        // writes its slot again before this rank has passed the round's
+        // closing barrier (which needs this round to end first).
+        Ok(unsafe { *cell.get() })
+    }
+
+    /// `raw` as a `&[T]` if it was published read-only as exactly `T`.
+    fn read_only<T: Sync + 'static>(&self, raw: RawBuf) -> Option<&[T]> {
+        if raw.access != Access::ReadOnly || raw.type_id != Some(TypeId::of::<T>()) {
+            return None;
+        }
+        // SAFETY: invariants 2-4. The pointer and length come from a live
+        // `&'r [T]` of exactly this `T` (checked above), which its owner keeps
+        // borrowed until it has passed this round's closing barrier; that
+        // cannot happen before this view (borrowing `self`) is gone, and
+        // nobody writes through a shared borrow.
+        Some(unsafe { std::slice::from_raw_parts(raw.ptr.cast::<T>(), raw.len) })
+    }
+
+    /// What every rank called, with its lengths and count arrays.
+    fn args(&self) -> Result<Vec<PeerArgs<'_>>, TransportError> {
+        (0..self.world.size)
+            .map(|peer| {
+                let d = self.desc(peer)?;
+                Ok(PeerArgs {
+                    call: d.call,
+                    send_len: d.bufs[Buf::Send as usize].len,
+                    recv_len: d.bufs[Buf::Recv as usize].len,
+                    counts: self.read_only(d.bufs[Buf::Counts as usize]).unwrap_or(&[]),
+                    recv_counts: self
+                        .read_only(d.bufs[Buf::RecvCounts as usize])
+                        .unwrap_or(&[]),
+                })
+            })
+            .collect()
+    }
+
+    /// `peer`'s read-only buffer `which`.
+    pub(crate) fn view<T: Sync + 'static>(
+        &self,
+        peer: usize,
+        which: Buf,
+    ) -> Result<&[T], TransportError> {
+        let raw = self.desc(peer)?.bufs[which as usize];
+        self.read_only(raw).ok_or_else(|| {
+            internal(format!(
+                "rank {peer}'s {which:?} buffer is not readable as this type"
+            ))
+        })
+    }
+
+    /// The schedule of the in-place buffer; its step is the number of
+    /// [`Round::sync`]s so far.
+    pub(crate) fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Checks that `peer` published an in-place buffer of `T` scheduled
+    /// like this rank's, and returns it.
+    fn in_place_buf<T: Element>(&self, peer: usize) -> Result<RawBuf, TransportError> {
+        let raw = self.desc(peer)?.bufs[Buf::Send as usize];
+        let own = self.own.bufs[Buf::Send as usize];
+        if raw.access != Access::InPlace
+            || own.access != Access::InPlace
+            || raw.type_id != Some(TypeId::of::<T>())
+            || raw.len != own.len
+        {
+            return Err(internal(format!(
+                "rank {peer}'s in-place buffer does not match rank {}'s",
+                self.rank
+            )));
+        }
+        Ok(raw)
+    }
+
+    /// Reads `range` of `peer`'s in-place buffer, if the schedule allows it
+    /// at this step ([`Schedule::may_read`]).
+    pub(crate) fn in_place_read<T: Element>(
+        &self,
+        peer: usize,
+        range: Range<usize>,
+    ) -> Result<&[T], TransportError> {
+        let raw = self.in_place_buf::<T>(peer)?;
+        if !self.schedule.may_read(self.rank, peer, self.step, &range) || range.end > raw.len {
+            return Err(internal(format!(
+                "step {} may not read {range:?} of rank {peer}",
+                self.step
+            )));
+        }
+        // SAFETY: invariants 2-4. The buffer is a live `&'r mut [T]` of exactly
+        // `T` lent to its owner's round, and `range` is in bounds. Every rank
+        // follows the same schedule (same length and type, checked above),
+        // which lets no owner write, at this step, what another rank
+        // may read from its buffer; this rank's own writes need `&mut self`,
+        // which this view's borrow of `self` rules out.
+        Ok(
+            unsafe {
+                std::slice::from_raw_parts(raw.ptr.cast::<T>().add(range.start), range.len())
+            },
+        )
+    }
+
+    /// The writable `range` of this rank's in-place buffer, if the schedule
+    /// allows it at this step ([`Schedule::may_write`]).
+    fn own_range_mut<T: Element>(
+        &mut self,
+        range: &Range<usize>,
+    ) -> Result<&mut [T], TransportError> {
+        let raw = self.in_place_buf::<T>(self.rank)?;
+        if !self.schedule.may_write(self.rank, self.step, range) || range.end > raw.len {
+            return Err(internal(format!(
+                "step {} may not write {range:?} of rank {}",
+                self.step, self.rank
+            )));
+        }
+        // SAFETY: invariants 2-3. The buffer is this rank's own `&'r mut [T]`,
+        // lent to this round (its caller cannot touch it meanwhile) and
+        // published from a mutable pointer; `range` is in bounds. At this
+        // step the schedule lets no peer read `range` of it, and `&mut self`
+        // rules out any view of it in this thread.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(
+                raw.ptr.cast::<T>().cast_mut().add(range.start),
+                range.len(),
+            )
+        })
+    }
+
+    /// Writes `src` over `range` of this rank's in-place buffer.
+    pub(crate) fn in_place_write<T: Element>(
+        &mut self,
+        range: Range<usize>,
+        src: &[T],
+    ) -> Result<(), TransportError> {
+        if src.len() != range.len() {
+            return Err(internal(format!(
+                "{} elements for range {range:?}",
+                src.len()
+            )));
+        }
+        self.own_range_mut::<T>(&range)?.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies `range` of `peer`'s in-place buffer into the same range of
+    /// this rank's.
+    pub(crate) fn in_place_copy<T: Element>(
+        &mut self,
+        peer: usize,
+        range: Range<usize>,
+    ) -> Result<(), TransportError> {
+        let src = self.in_place_read::<T>(peer, range.clone())?;
+        let (ptr, len) = (src.as_ptr(), src.len());
+        if peer == self.rank {
+            return Err(internal(format!("rank {peer} copying from itself")));
+        }
+        let dst = self.own_range_mut::<T>(&range)?;
+        // SAFETY: `ptr`/`len` are the view just checked by `in_place_read`,
+        // which no rank writes at this step; it lies in another rank's live
+        // `&mut [T]`, which cannot overlap this rank's `dst`.
+        let src = unsafe { std::slice::from_raw_parts(ptr, len) };
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Waits until every rank has finished the current step.
+    pub(crate) fn sync(&mut self) -> Result<(), TransportError> {
+        let result = self.world.barrier_wait(Wait::Complete);
+        self.step += 1;
+        if result.is_err() {
+            // Every rank failed this same barrier after all had arrived:
+            // nobody reads any more.
+            self.armed = false;
+        }
+        result
+    }
+
+    /// Waits until every rank has finished reading; the buffers are free
+    /// again afterwards.
+    pub(crate) fn close(mut self) -> Result<(), TransportError> {
+        self.armed = false;
+        self.world.barrier_wait(Wait::Complete)
+    }
+}
+
+impl Drop for Round<'_, '_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Leaving early (invariant 5): fail the round for everyone, and
+            // keep the buffers alive until every peer has stopped reading.
+            self.world.mark_down(
+                self.rank,
+                format!(
+                    "rank {} abandoned {} (a panic or an internal error inside it)",
+                    self.rank,
+                    self.own.call.kind.name()
+                ),
+            );
+            let _ = self.world.barrier_wait(Wait::Complete);
+        }
+    }
+}
+
+/// Chunk boundaries fall on 64-byte lines of the element type.
+fn chunk_align(call: Call) -> usize {
+    call.elem.map_or(1, |e| (64 / e.dtype.size()).max(1))
+}

@@ -1,0 +1,54 @@
+//! How the ranks of a run are started: one module per backend, each a
+//! [`Launcher`] that runs a [`RankJob`] on every rank it hosts.
+//!
+//! The job is generic over the backend's communicator, so the benchmark is
+//! written once against kolo-transport's traits; adding a backend (MPI:
+//! one process per rank, each hosting one rank) is one more module here and
+//! one more [`BackendKind`] variant.
+
+mod threads;
+
+pub use threads::ThreadsLauncher;
+
+use crate::error::BenchError;
+use kolo_transport::Backend;
+
+/// The work every rank does. `run` is called once per hosted rank, each on
+/// its own communicator, all concurrently.
+pub trait RankJob: Sync {
+    /// What one rank returns (the rows, on rank 0).
+    type Output: Send;
+
+    /// Runs this rank's share of the job.
+    fn run<B: Backend>(&self, comm: &mut B) -> Result<Self::Output, BenchError>;
+}
+
+/// Starts ranks on one backend.
+pub trait Launcher {
+    /// The backend's name, as printed in the table and the JSON rows.
+    fn name(&self) -> &'static str;
+
+    /// The number of ranks of the communicator.
+    fn ranks(&self) -> usize;
+
+    /// Runs `job` on every rank this process hosts and returns their
+    /// outputs in rank order (all ranks for threads; this process's rank
+    /// for a one-process-per-rank backend).
+    fn launch<J: RankJob>(&self, job: &J) -> Result<Vec<J::Output>, BenchError>;
+}
+
+/// The backends `--backend` can pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// In-process ranks, one thread each, on shared memory (kolo-threads).
+    Threads,
+}
+
+impl BackendKind {
+    /// The name used on the command line and in the rows.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Threads => "threads",
+        }
+    }
+}

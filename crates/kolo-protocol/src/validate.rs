@@ -60,7 +60,8 @@ pub fn validate(requests: &[Request], world_size: u32) -> Response {
 /// [name]`, the dtype, `devices` in rank order, the reduce op and scales
 /// (allreduce, reduce-scatter; `Sum`, 1.0 and 1.0 otherwise), the root rank
 /// (broadcast; 0 otherwise), `tensor_sizes = [num_elements]` (allreduce,
-/// broadcast, reduce-scatter; for allgather the gathered tensor's count,
+/// broadcast, reduce-scatter — whose `first_dims` is `[rows]`; for
+/// allgather the gathered tensor's count,
 /// `sum(first_dims) * row elements`), `first_dims` (allgather) and `splits`
 /// (alltoall) as described at [`validate`].
 pub fn try_validate(requests: &[Request], world_size: u32) -> Result<Response, ValidationError> {
@@ -142,6 +143,11 @@ pub fn try_validate(requests: &[Request], world_size: u32) -> Result<Response, V
             response.prescale = first.prescale;
             response.postscale = first.postscale;
             response.tensor_sizes = vec![element_count(first)?];
+            if kind == RequestKind::ReduceScatter {
+                // The rows split across ranks; a joined rank, which has no
+                // tensor, needs it to take part.
+                response.first_dims = vec![first.shape[0]];
+            }
         }
         RequestKind::Broadcast => {
             if let Some(other) = first_differing(&sorted, |r| r.root_rank) {

@@ -1,1 +1,73 @@
-//! kolo facade (engine work owns this crate).
+//! kolo: the communication of distributed deep-learning training, with
+//! Horovod's engine.
+//!
+//! Each rank gets a [`Kolo`]: a background thread that owns the backend,
+//! negotiates every named tensor with the other ranks (the coordinator
+//! checks that all ranks asked for the same thing — a mismatch fails that
+//! tensor on every rank instead of hanging), fuses ready allreduces into one
+//! buffer, and performs the agreed operations in the same order everywhere.
+//! Operations are submitted from any thread, blocking or as [`Handle`]s
+//! (`wait`, `poll`, `.await`); a response cache skips negotiation for
+//! tensors seen before, a stall inspector names ranks that never submit,
+//! and rank 0 can write a Chrome-trace timeline. [`threads::run`] runs n
+//! ranks as threads of one process; other backends start a [`Kolo`] with
+//! [`Kolo::start`]. Settings come from [`Config`] (builder or `KOLO_*`
+//! variables).
+//!
+//! ```
+//! let results = kolo::threads::run(2, kolo::Config::default(), |kolo| {
+//!     // Every rank contributes [rank + 1; 4]; the sum is 1 + 2 = 3.
+//!     let mut grad = vec![(kolo.rank() + 1) as f32; 4];
+//!     kolo.allreduce("grad", &mut grad, kolo::ReduceOp::Sum)?;
+//!
+//!     // Async: the handle writes the result into `bias` when waited on.
+//!     let mut bias = vec![kolo.rank() as i64; 2];
+//!     let handle = kolo.allreduce_async("bias", &mut bias, kolo::ReduceOp::Max)?;
+//!     handle.wait()?;
+//!     Ok((grad, bias))
+//! })?;
+//! for (grad, bias) in results {
+//!     assert_eq!(grad, [3.0; 4]);
+//!     assert_eq!(bias, [1, 1]);
+//! }
+//! # Ok::<(), kolo::Error>(())
+//! ```
+
+mod background;
+pub mod config;
+mod engine;
+mod error;
+mod handle;
+mod logging;
+mod ops;
+mod perform;
+mod split;
+mod stats;
+mod table;
+mod tensor;
+pub mod threads;
+
+pub use config::{BackendKind, Config, LogLevel};
+pub use engine::Kolo;
+pub use error::Error;
+pub use handle::Handle;
+pub use kolo_protocol::{DataType, ReduceOp};
+pub use kolo_transport::Element;
+pub use logging::init_logging;
+pub use ops::{Received, ReduceOptions};
+pub use split::split_rows;
+pub use stats::Stats;
+pub use tensor::{Tensor, TensorMut};
+
+#[cfg(test)]
+mod assert_traits {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    #[test]
+    fn kolo_is_shareable_and_handles_movable() {
+        send_sync::<crate::Kolo>();
+        send::<crate::Handle<'static, Vec<f32>>>();
+        send::<crate::Handle<'_, ()>>();
+    }
+}

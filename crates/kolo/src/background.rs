@@ -1,0 +1,366 @@
+//! The background thread of a rank: owns the backend, runs the
+//! coordinator's cycle, and performs the agreed responses in order.
+//!
+//! It sleeps on the command channel: a submission wakes it at once (a busy
+//! rank cycles right away), and an idle rank cycles anyway after the cycle
+//! time, so that peers' collectives complete and the stall inspector runs.
+
+use crate::config::Config;
+use crate::engine::Shared;
+use crate::error::Error;
+use crate::handle::Payload;
+use crate::table::Entry;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use kolo_coordinator::{Coordinator, CoordinatorError, CycleOutput, NegotiationEvent};
+use kolo_fusion::{Edge, FusionBuffers, Phase};
+use kolo_protocol::{DataType, Request, RequestKind, Response, ResponseKind};
+use kolo_timeline::{activity, Timeline};
+use kolo_transport::{with_element_type, Backend, Element};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What user threads tell the background thread.
+pub(crate) enum Command {
+    /// New requests (their entries are already in the tensor table).
+    Requests(Vec<Request>),
+    /// Ask every rank to shut down.
+    Shutdown,
+    /// Stop at once, as failed, with this message.
+    Abort(String),
+}
+
+/// Fails the backend when the rank aborts.
+type AbortHook<B> = Box<dyn FnOnce(&mut B, &str) + Send>;
+
+/// One rank's engine; lives on the background thread.
+pub(crate) struct Engine<B> {
+    pub(crate) backend: B,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    coordinator: Coordinator,
+    fusion_threshold: usize,
+    cycle_time: Duration,
+    pub(crate) buffers: FusionBuffers,
+    pub(crate) timeline: Timeline,
+    pub(crate) shared: Arc<Shared>,
+    commands: Receiver<Command>,
+    abort: Option<AbortHook<B>>,
+    shutdown_requested: bool,
+}
+
+/// Closes the tensor table if the background thread unwinds, so that no
+/// handle waits forever on a dead engine.
+struct CloseOnUnwind {
+    shared: Arc<Shared>,
+    rank: usize,
+}
+
+impl Drop for CloseOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            fail_all(
+                &self.shared,
+                Error::RankFailed {
+                    rank: self.rank,
+                    message: "kolo's background thread panicked".into(),
+                },
+            );
+        }
+    }
+}
+
+/// Closes the table with `reason` and fails every entry still in flight.
+fn fail_all(shared: &Shared, reason: Error) {
+    let entries = shared.table.lock().close(reason.clone());
+    for entry in entries {
+        entry.completion.complete(Err(reason.clone()));
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    pub(crate) fn new(
+        backend: B,
+        config: &Config,
+        timeline: Timeline,
+        shared: Arc<Shared>,
+        commands: Receiver<Command>,
+        abort: impl FnOnce(&mut B, &str) + Send + 'static,
+    ) -> Self {
+        let (rank, size) = (backend.rank(), backend.size());
+        Engine {
+            backend,
+            rank,
+            size,
+            coordinator: Coordinator::new(rank, size, config.coordinator()),
+            fusion_threshold: config.fusion_threshold,
+            cycle_time: config.cycle_time,
+            buffers: FusionBuffers::new(),
+            timeline,
+            shared,
+            commands,
+            abort: Some(Box::new(abort)),
+            shutdown_requested: false,
+        }
+    }
+
+    /// Serves until shutdown, abort or failure, then fails whatever is
+    /// still pending with the reason.
+    pub(crate) fn run(mut self) {
+        let _guard = CloseOnUnwind {
+            shared: Arc::clone(&self.shared),
+            rank: self.rank,
+        };
+        let reason = self.serve();
+        tracing::debug!(rank = self.rank, %reason, "kolo engine stopped");
+        fail_all(&self.shared, reason);
+        if let Err(e) = self.timeline.flush() {
+            tracing::warn!(rank = self.rank, error = %e, "the timeline could not be written");
+        }
+    }
+
+    /// The cycle loop; returns why it stopped.
+    fn serve(&mut self) -> Error {
+        loop {
+            let (requests, abort) = self.collect();
+            if let Some(message) = abort {
+                if let Some(hook) = self.abort.take() {
+                    hook(&mut self.backend, &message);
+                }
+                return Error::RankFailed {
+                    rank: self.rank,
+                    message,
+                };
+            }
+            let busy = !requests.is_empty();
+            let output = match self.coordinator.cycle(
+                &mut self.backend,
+                requests,
+                self.shutdown_requested,
+                Instant::now(),
+            ) {
+                Ok(output) => output,
+                Err(CoordinatorError::Transport(e)) => return Error::from_transport(e),
+                Err(other) => {
+                    return Error::Transport(kolo_transport::TransportError::Backend(
+                        other.to_string(),
+                    ))
+                }
+            };
+            self.record_cycle(&output, busy);
+            let CycleOutput {
+                responses,
+                shutdown,
+                shutdown_ranks,
+                ..
+            } = output;
+            self.perform_all(kolo_fusion::plan(responses, self.fusion_threshold));
+            if shutdown {
+                return Error::ShutDown {
+                    by_ranks: shutdown_ranks,
+                };
+            }
+        }
+    }
+
+    /// Takes the commands waiting, blocking up to the cycle time for the
+    /// first one when there are none: the requests, and an abort message.
+    fn collect(&mut self) -> (Vec<Request>, Option<String>) {
+        let first = if self.shutdown_requested {
+            None
+        } else {
+            match self.commands.recv_timeout(self.cycle_time) {
+                Ok(command) => Some(command),
+                Err(RecvTimeoutError::Timeout) => None,
+                // `Kolo` is gone without a shutdown request: treat it as one.
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.shutdown_requested = true;
+                    None
+                }
+            }
+        };
+        let mut requests = Vec::new();
+        let mut abort = None;
+        for command in first.into_iter().chain(self.commands.try_iter()) {
+            match command {
+                Command::Requests(more) => requests.extend(more),
+                Command::Shutdown => self.shutdown_requested = true,
+                Command::Abort(message) => abort = Some(message),
+            }
+        }
+        (requests, abort)
+    }
+
+    /// Counts the cycle and writes its negotiation to the timeline.
+    fn record_cycle(&self, output: &CycleOutput, busy: bool) {
+        {
+            let mut stats = self.shared.stats.lock();
+            stats.cycles += 1;
+            stats.gathered_cycles += u64::from(output.stats.gathered);
+            stats.cache_hits += output.stats.cache_hits as u64;
+        }
+        if !self.timeline.is_enabled() {
+            return;
+        }
+        // Idle cycles are not marked: they would drown the trace.
+        if busy || !output.responses.is_empty() || !output.events.is_empty() {
+            self.timeline.mark_cycle();
+        }
+        for event in &output.events {
+            match event {
+                NegotiationEvent::Start { tensor, kind } => {
+                    self.timeline.negotiate_start(tensor, kind.name())
+                }
+                NegotiationEvent::RankReady { tensor, rank } => {
+                    self.timeline.negotiate_rank_ready(tensor, *rank)
+                }
+                NegotiationEvent::End { tensor } => self.timeline.negotiate_end(tensor),
+            }
+        }
+    }
+
+    /// Performs the (fused) responses of one cycle in order. On the
+    /// timeline every tensor's operation opens when the cycle's responses
+    /// arrive and waits in `QUEUE` until its response runs.
+    fn perform_all(&mut self, responses: Vec<Response>) {
+        if self.timeline.is_enabled() {
+            for response in &responses {
+                if let ResponseKind::Op(kind) = response.kind {
+                    for name in &response.tensor_names {
+                        self.timeline.op_start(name, kind.name());
+                        self.timeline.activity_start(name, activity::QUEUE);
+                    }
+                }
+            }
+        }
+        for response in responses {
+            self.perform(response);
+        }
+    }
+
+    /// Performs one response: fails its tensors, or runs its collective.
+    fn perform(&mut self, response: Response) {
+        let ResponseKind::Op(kind) = response.kind else {
+            self.fail_tensors(&response);
+            return;
+        };
+        let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
+        self.timeline.activity_end_all(&names);
+        let slots: Vec<Option<Entry>> = {
+            let mut table = self.shared.table.lock();
+            names.iter().map(|name| table.take(name)).collect()
+        };
+        if kind != RequestKind::Join {
+            self.shared.stats.lock().record_operation(names.len());
+        }
+        tracing::trace!(rank = self.rank, %kind, tensors = ?names, "performing");
+        let r = &response;
+        match kind {
+            RequestKind::Allreduce => {
+                with_element_type!(r.dtype, T => self.allreduce::<T>(r, slots))
+            }
+            RequestKind::ReduceScatter => {
+                with_element_type!(r.dtype, T => self.reduce_scatter::<T>(r, slots))
+            }
+            RequestKind::Allgather => {
+                with_element_type!(r.dtype, T => self.allgather::<T>(r, slots))
+            }
+            RequestKind::Broadcast => {
+                with_element_type!(r.dtype, T => self.broadcast::<T>(r, slots))
+            }
+            RequestKind::Alltoall => with_element_type!(r.dtype, T => self.alltoall::<T>(r, slots)),
+            RequestKind::Barrier | RequestKind::Join => {
+                // The negotiation itself gathered every rank for a join; a
+                // barrier also runs the backend's.
+                let result = match kind {
+                    RequestKind::Barrier => self.backend.barrier().map_err(Error::from_transport),
+                    _ => Ok(()),
+                };
+                for (name, slot) in names.iter().zip(slots) {
+                    self.timeline.op_end(name, "", &[]);
+                    if let Some(entry) = slot {
+                        entry
+                            .completion
+                            .complete(result.clone().map(|()| Box::new(()) as Payload));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fails the tensors of an error response with its message.
+    fn fail_tensors(&mut self, response: &Response) {
+        for name in &response.tensor_names {
+            let entry = self.shared.table.lock().take(name);
+            self.shared.stats.lock().failed_tensors += 1;
+            tracing::debug!(rank = self.rank, tensor = %name, message = %response.error_message, "tensor failed");
+            if let Some(entry) = entry {
+                entry
+                    .completion
+                    .complete(Err(Error::from_response(name, &response.error_message)));
+            }
+        }
+    }
+
+    /// Ends `name`'s operation: the timeline's span closes with its dtype
+    /// and output shape, and the handle (if this rank submitted the tensor)
+    /// completes with `result`.
+    pub(crate) fn finish(
+        &self,
+        name: &str,
+        slot: Option<Entry>,
+        result: Result<Payload, Error>,
+        dtype: DataType,
+        shape: &[u64],
+    ) {
+        self.timeline.op_end(name, dtype.name(), shape);
+        if let Some(entry) = slot {
+            entry.completion.complete(result);
+        }
+    }
+}
+
+/// Records the phases of a fused operation on `names` as timeline
+/// activities, naming the collective phase `collective`.
+pub(crate) fn observer<'t>(
+    timeline: &'t Timeline,
+    names: &'t [&'t str],
+    collective: &'static str,
+) -> impl FnMut(Phase, Edge) + 't {
+    move |phase, edge| match edge {
+        Edge::Start => timeline.activity_start_all(
+            names,
+            match phase {
+                Phase::MemcpyInFusionBuffer => activity::MEMCPY_IN_FUSION_BUFFER,
+                Phase::Collective => collective,
+                Phase::MemcpyOutFusionBuffer => activity::MEMCPY_OUT_FUSION_BUFFER,
+            },
+        ),
+        Edge::End => timeline.activity_end_all(names),
+    }
+}
+
+/// Moves the engine's copy of the input out of `slot`. An input of another
+/// type than the response's (a kolo bug) fails the entry and reads as
+/// absent, so that this rank still takes part in the collective.
+pub(crate) fn take_input<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<Vec<T>> {
+    let entry = slot.as_mut()?;
+    let input = std::mem::replace(&mut entry.input, Box::new(()));
+    match input.downcast::<Vec<T>>() {
+        Ok(data) => Some(*data),
+        Err(_) => {
+            if let Some(entry) = slot.take() {
+                entry.completion.complete(Err(Error::Collective {
+                    tensor: name.to_owned(),
+                    message: format!("internal: the input is not of the agreed type {}", T::DTYPE),
+                }));
+            }
+            None
+        }
+    }
+}
+
+/// An element count from the protocol as `usize` (0 if it does not fit:
+/// such a response cannot be performed on this machine anyway).
+pub(crate) fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}

@@ -1,0 +1,250 @@
+//! [`Kolo`]: one rank's handle on its engine. The engine itself is a
+//! background thread that owns the backend (see `background.rs`); `Kolo`
+//! only talks to it through the tensor table and a channel, which keeps it
+//! free of the backend's type.
+
+use crate::background::{self, Command};
+use crate::config::Config;
+use crate::error::Error;
+use crate::handle::{Completion, Payload};
+use crate::stats::Stats;
+use crate::table::{Entry, Table};
+use crossbeam_channel::Sender;
+use kolo_protocol::{DataType, Request, RequestKind};
+use kolo_timeline::Timeline;
+use kolo_transport::Backend;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// State shared by the user's threads and the background thread.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub table: Mutex<Table>,
+    pub stats: Mutex<Stats>,
+}
+
+/// One rank's entry point: submits collectives to the background engine.
+///
+/// `Kolo` is `Send + Sync`: several threads of a rank may submit operations
+/// at once (each tensor name must be unique while in flight). Dropping it
+/// shuts the engine down, which shuts down every rank (see
+/// [`Kolo::shutdown`]).
+pub struct Kolo {
+    rank: usize,
+    size: usize,
+    config: Config,
+    shared: Arc<Shared>,
+    commands: Sender<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    barriers: AtomicU64,
+    joins: AtomicU64,
+}
+
+impl Kolo {
+    /// Starts this rank's engine on `backend`: spawns the background thread
+    /// that owns it. Every rank of the backend's communicator must start
+    /// one. Rank 0 opens the timeline if `config` names one.
+    pub fn start<B: Backend + Send + 'static>(backend: B, config: Config) -> Result<Kolo, Error> {
+        Kolo::start_with_abort(backend, config, |_: &mut B, _: &str| {})
+    }
+
+    /// [`Kolo::start`] with a way to fail the backend: when the rank aborts
+    /// ([`Kolo::abort`]), the background thread calls `abort(backend,
+    /// message)` before dropping it, so that peers blocked on this rank
+    /// fail at once naming it (kolo-threads' `ThreadComm::fail`, an MPI
+    /// abort, ...).
+    pub fn start_with_abort<B, F>(backend: B, config: Config, abort: F) -> Result<Kolo, Error>
+    where
+        B: Backend + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
+        let (rank, size) = (backend.rank(), backend.size());
+        let timeline = match (&config.timeline, rank) {
+            (Some(path), 0) => {
+                Timeline::create(path, config.timeline_mark_cycles).map_err(|e| {
+                    Error::Timeline {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    }
+                })?
+            }
+            _ => Timeline::disabled(),
+        };
+        let shared = Arc::new(Shared::default());
+        let (commands, receiver) = crossbeam_channel::unbounded();
+        let engine = background::Engine::new(
+            backend,
+            &config,
+            timeline,
+            Arc::clone(&shared),
+            receiver,
+            abort,
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("kolo-rank-{rank}"))
+            .spawn(move || engine.run())
+            .map_err(|e| Error::Start {
+                message: format!("cannot spawn the background thread of rank {rank}: {e}"),
+            })?;
+        tracing::debug!(rank, size, ?config, "kolo engine started");
+        Ok(Kolo {
+            rank,
+            size,
+            config,
+            shared,
+            commands,
+            thread: Mutex::new(Some(thread)),
+            barriers: AtomicU64::new(0),
+            joins: AtomicU64::new(0),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The settings the engine runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A snapshot of this rank's engine counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats.lock().clone()
+    }
+
+    /// True once the engine stopped (shut down, aborted or failed); every
+    /// later operation errs.
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.table.lock().closed().is_some()
+    }
+
+    /// Asks every rank to shut down and waits until this rank's engine has
+    /// stopped. Operations still pending on any rank then fail with
+    /// [`Error::ShutDown`] naming the ranks that asked; later operations
+    /// fail the same way. Idempotent; also done when `Kolo` is dropped.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        // A closed channel means the engine already stopped.
+        let _ = self.commands.send(Command::Shutdown);
+        self.join_engine()
+    }
+
+    /// Stops this rank at once, as failed: its pending operations fail with
+    /// [`Error::RankFailed`] naming it, the backend is failed (see
+    /// [`Kolo::start_with_abort`]) so that peers' pending operations fail
+    /// the same way instead of hanging, and the engine stops.
+    pub fn abort(&self, message: &str) {
+        let _ = self.commands.send(Command::Abort(message.to_owned()));
+        // The engine reports its own failure to the waiting handles; joining
+        // only waits for it.
+        let _ = self.join_engine();
+    }
+
+    /// Waits for the background thread to end.
+    fn join_engine(&self) -> Result<(), Error> {
+        let Some(thread) = self.thread.lock().take() else {
+            return Ok(());
+        };
+        thread.join().map_err(|_| Error::RankFailed {
+            rank: self.rank,
+            message: "kolo's background thread panicked".into(),
+        })
+    }
+
+    /// A request of this rank with neutral defaults.
+    pub(crate) fn request(
+        &self,
+        name: &str,
+        kind: RequestKind,
+        dtype: DataType,
+        shape: Vec<u64>,
+    ) -> Request {
+        Request::new(self.rank as u32, name, kind, dtype, shape)
+    }
+
+    /// Submits one request with the engine's copy of its input.
+    pub(crate) fn submit(
+        &self,
+        request: Request,
+        input: Payload,
+    ) -> Result<Arc<Completion>, Error> {
+        let completion = Completion::new();
+        let entry = Entry {
+            request: request.clone(),
+            input,
+            completion: Arc::clone(&completion),
+        };
+        self.enqueue(vec![entry], vec![request])?;
+        Ok(completion)
+    }
+
+    /// Submits several requests at once (they reach the same cycle, so
+    /// they can fuse); all or none are accepted.
+    pub(crate) fn submit_all(
+        &self,
+        items: Vec<(Request, Payload)>,
+    ) -> Result<Vec<Arc<Completion>>, Error> {
+        let mut requests = Vec::with_capacity(items.len());
+        let mut entries = Vec::with_capacity(items.len());
+        let mut completions = Vec::with_capacity(items.len());
+        for (request, input) in items {
+            let completion = Completion::new();
+            requests.push(request.clone());
+            completions.push(Arc::clone(&completion));
+            entries.push(Entry {
+                request,
+                input,
+                completion,
+            });
+        }
+        self.enqueue(entries, requests)?;
+        Ok(completions)
+    }
+
+    /// Puts `entries` in the tensor table and wakes the engine.
+    fn enqueue(&self, entries: Vec<Entry>, requests: Vec<Request>) -> Result<(), Error> {
+        self.shared.table.lock().insert_all(entries)?;
+        // If the engine stopped since, it closed the table and failed these
+        // entries already: their handles report why.
+        let _ = self.commands.send(Command::Requests(requests));
+        Ok(())
+    }
+
+    /// The next name of an internal barrier (the same sequence on every
+    /// rank, as every rank calls `barrier` the same number of times).
+    pub(crate) fn next_barrier_name(&self) -> String {
+        format!(
+            "__kolo/barrier.{}",
+            self.barriers.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The next name of a join.
+    pub(crate) fn next_join_name(&self) -> String {
+        format!("__kolo/join.{}", self.joins.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Drop for Kolo {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Kolo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kolo")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("shut_down", &self.is_shut_down())
+            .finish()
+    }
+}

@@ -1,0 +1,41 @@
+//! Barrier and join.
+
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::handle::Handle;
+use kolo_protocol::{DataType, RequestKind};
+
+impl Kolo {
+    /// Returns once every rank has entered the barrier (negotiated like any
+    /// operation, then a barrier on the backend).
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.barrier_async()?.wait()
+    }
+
+    /// [`Kolo::barrier`] without blocking.
+    pub fn barrier_async(&self) -> Result<Handle<'static, ()>, Error> {
+        let name = self.next_barrier_name();
+        self.control(name, RequestKind::Barrier)
+    }
+
+    /// Declares that this rank has no more batches (Horovod's join): until
+    /// every rank has joined, this rank takes part in the other ranks'
+    /// allreduces, allgathers and broadcasts, contributing the reduce op's
+    /// identity (zero for a sum) or zero rows, so that ranks with fewer
+    /// batches need not invent data. Returns once every rank has joined.
+    pub fn join(&self) -> Result<(), Error> {
+        self.join_async()?.wait()
+    }
+
+    /// [`Kolo::join`] without blocking.
+    pub fn join_async(&self) -> Result<Handle<'static, ()>, Error> {
+        let name = self.next_join_name();
+        self.control(name, RequestKind::Join)
+    }
+
+    fn control(&self, name: String, kind: RequestKind) -> Result<Handle<'static, ()>, Error> {
+        let request = self.request(&name, kind, DataType::U8, Vec::new());
+        let completion = self.submit(request, Box::new(()))?;
+        Ok(Handle::new(vec![(name, completion)], |_| Ok(())))
+    }
+}

@@ -1,0 +1,134 @@
+//! Allgather, broadcast and alltoall.
+
+use super::{check, output, write_back};
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::handle::Handle;
+use crate::tensor::{shape_problem, wire_shape, Tensor, TensorMut};
+use kolo_protocol::{Request, RequestKind};
+use kolo_transport::Element;
+
+/// What an alltoall delivered to this rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Received<T> {
+    /// Every peer's rows for this rank, in peer order.
+    pub data: Vec<T>,
+    /// How many rows came from each peer, in peer order.
+    pub splits: Vec<usize>,
+}
+
+impl Kolo {
+    /// Concatenates every rank's `input` along the first dimension, in rank
+    /// order (blocking). The first dimension may differ per rank; the
+    /// others must agree.
+    pub fn allgather<'i, T: Element>(
+        &self,
+        name: &str,
+        input: impl Into<Tensor<'i, T>>,
+    ) -> Result<Vec<T>, Error> {
+        self.allgather_async(name, input)?.wait()
+    }
+
+    /// [`Kolo::allgather`] without blocking (the input is copied at once, so
+    /// the handle borrows nothing).
+    pub fn allgather_async<'i, T: Element>(
+        &self,
+        name: &str,
+        input: impl Into<Tensor<'i, T>>,
+    ) -> Result<Handle<'static, Vec<T>>, Error> {
+        let input = input.into();
+        check(name, input.problem())?;
+        let request = self.request(
+            name,
+            RequestKind::Allgather,
+            T::DTYPE,
+            wire_shape(input.shape()),
+        );
+        let completion = self.submit(request, Box::new(input.data().to_vec()))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| output(&tensor, payloads.pop()),
+        ))
+    }
+
+    /// Copies the root's `buf` into every rank's `buf` (blocking).
+    pub fn broadcast<'t, T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'t, T>>,
+        root: usize,
+    ) -> Result<(), Error> {
+        self.broadcast_async(name, buf, root)?.wait()
+    }
+
+    /// [`Kolo::broadcast`] without blocking; the handle writes `buf` when
+    /// waited on.
+    pub fn broadcast_async<'t, T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'t, T>>,
+        root: usize,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let (data, shape) = buf.into().into_parts();
+        check(name, shape_problem(&shape, data.len()))?;
+        let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
+            tensor: name.to_owned(),
+            reason: format!("root rank {root} is out of range"),
+        })?;
+        let request = Request {
+            root_rank,
+            ..self.request(name, RequestKind::Broadcast, T::DTYPE, wire_shape(&shape))
+        };
+        let completion = self.submit(request, Box::new(data.to_vec()))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| {
+                let result: Vec<T> = output(&tensor, payloads.pop())?;
+                write_back(&tensor, data, &result)
+            },
+        ))
+    }
+
+    /// Sends `splits[p]` rows of `send` (first dimension, in order) to each
+    /// rank p and returns the rows every rank sent here, in rank order,
+    /// with their counts (blocking). Empty `splits` split the rows evenly.
+    pub fn alltoall<'i, T: Element>(
+        &self,
+        name: &str,
+        send: impl Into<Tensor<'i, T>>,
+        splits: &[usize],
+    ) -> Result<Received<T>, Error> {
+        self.alltoall_async(name, send, splits)?.wait()
+    }
+
+    /// [`Kolo::alltoall`] without blocking (the input is copied at once).
+    pub fn alltoall_async<'i, T: Element>(
+        &self,
+        name: &str,
+        send: impl Into<Tensor<'i, T>>,
+        splits: &[usize],
+    ) -> Result<Handle<'static, Received<T>>, Error> {
+        let send = send.into();
+        check(name, send.problem())?;
+        let request = Request {
+            splits: splits.iter().map(|&s| s as u64).collect(),
+            ..self.request(
+                name,
+                RequestKind::Alltoall,
+                T::DTYPE,
+                wire_shape(send.shape()),
+            )
+        };
+        let completion = self.submit(request, Box::new(send.data().to_vec()))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| {
+                let (data, splits): (Vec<T>, Vec<usize>) = output(&tensor, payloads.pop())?;
+                Ok(Received { data, splits })
+            },
+        ))
+    }
+}

@@ -1,0 +1,113 @@
+//! The collectives a rank submits: blocking calls and their `*_async`
+//! variants (a blocking call is its async variant plus `wait`).
+//!
+//! Every operation copies its input into a buffer the engine owns when it
+//! is submitted, and the handle copies the result back into the caller's
+//! buffer when it completes (see [`crate::Handle`]): no borrowed memory is
+//! ever shared with the background thread, so no handle can leave it
+//! dangling, whatever happens to the handle. [`crate::Kolo::allreduce_owned`]
+//! moves a `Vec` in and out instead, without either copy.
+
+mod control;
+mod gather;
+mod reduce;
+
+use crate::error::Error;
+use crate::handle::Payload;
+use kolo_protocol::ReduceOp;
+
+pub use gather::Received;
+
+/// How a reduction (allreduce, reduce-scatter) combines the ranks' tensors:
+/// `out = postscale * op_r(prescale * in_r)`. A bare [`ReduceOp`] converts
+/// into options with both factors 1.
+///
+/// ```
+/// use kolo::{ReduceOp, ReduceOptions};
+/// let halved = ReduceOptions::new(ReduceOp::Sum).postscale(0.5);
+/// assert_eq!(halved.postscale, 0.5);
+/// assert_eq!(ReduceOptions::from(ReduceOp::Max).prescale, 1.0);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReduceOptions {
+    /// How elements combine (`Average` divides the sum by the number of
+    /// ranks).
+    pub op: ReduceOp,
+    /// Factor applied to every rank's input before the reduction.
+    pub prescale: f64,
+    /// Factor applied to the result.
+    pub postscale: f64,
+}
+
+impl ReduceOptions {
+    /// `op` with both factors 1.
+    pub fn new(op: ReduceOp) -> Self {
+        ReduceOptions {
+            op,
+            prescale: 1.0,
+            postscale: 1.0,
+        }
+    }
+
+    /// Sets the factor applied to the inputs.
+    pub fn prescale(mut self, factor: f64) -> Self {
+        self.prescale = factor;
+        self
+    }
+
+    /// Sets the factor applied to the result.
+    pub fn postscale(mut self, factor: f64) -> Self {
+        self.postscale = factor;
+        self
+    }
+}
+
+impl Default for ReduceOptions {
+    fn default() -> Self {
+        ReduceOptions::new(ReduceOp::Sum)
+    }
+}
+
+impl From<ReduceOp> for ReduceOptions {
+    fn from(op: ReduceOp) -> Self {
+        ReduceOptions::new(op)
+    }
+}
+
+/// Fails with the problem of a tensor view, if it has one.
+fn check(tensor: &str, problem: Option<String>) -> Result<(), Error> {
+    match problem {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidArgument {
+            tensor: tensor.to_owned(),
+            reason,
+        }),
+    }
+}
+
+/// The engine's output for `tensor`, of type `O`.
+fn output<O: 'static>(tensor: &str, payload: Option<Payload>) -> Result<O, Error> {
+    payload
+        .and_then(|p| p.downcast::<O>().ok())
+        .map(|boxed| *boxed)
+        .ok_or_else(|| Error::Collective {
+            tensor: tensor.to_owned(),
+            message: "internal: the engine returned an output of another type".into(),
+        })
+}
+
+/// Copies the engine's result into the caller's buffer.
+fn write_back<T: Copy>(tensor: &str, dst: &mut [T], src: &[T]) -> Result<(), Error> {
+    if dst.len() != src.len() {
+        return Err(Error::Collective {
+            tensor: tensor.to_owned(),
+            message: format!(
+                "internal: the result has {} elements, the buffer {}",
+                src.len(),
+                dst.len()
+            ),
+        });
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}

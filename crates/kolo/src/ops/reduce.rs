@@ -1,0 +1,217 @@
+//! Allreduce (single, owned, grouped) and reduce-scatter.
+
+use super::{check, output, write_back, ReduceOptions};
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::handle::{Handle, Payload};
+use crate::split::split_rows;
+use crate::tensor::{shape_problem, wire_shape, Tensor, TensorMut};
+use kolo_protocol::{Request, RequestKind};
+use kolo_transport::Element;
+
+impl Kolo {
+    /// Reduces `buf` across all ranks, in place (blocking). `options` is a
+    /// [`kolo_protocol::ReduceOp`] or [`ReduceOptions`] with scale factors.
+    pub fn allreduce<'t, T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'t, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        self.allreduce_async(name, buf, options)?.wait()
+    }
+
+    /// Submits an allreduce of `buf`; the handle writes the result into
+    /// `buf` when waited on (`buf` stays borrowed until then).
+    pub fn allreduce_async<'t, T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'t, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let (data, shape) = buf.into().into_parts();
+        check(name, shape_problem(&shape, data.len()))?;
+        let request = self.reduce_request(
+            name,
+            RequestKind::Allreduce,
+            &shape,
+            T::DTYPE,
+            options.into(),
+        );
+        let completion = self.submit(request, Box::new(data.to_vec()))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| {
+                let result: Vec<T> = output(&tensor, payloads.pop())?;
+                write_back(&tensor, data, &result)
+            },
+        ))
+    }
+
+    /// Reduces a 1-D `data` across all ranks and returns it (blocking),
+    /// without copying it in or out of the engine.
+    pub fn allreduce_owned<T: Element>(
+        &self,
+        name: &str,
+        data: Vec<T>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Vec<T>, Error> {
+        self.allreduce_owned_async(name, data, options)?.wait()
+    }
+
+    /// [`Kolo::allreduce_owned`] without blocking: the engine takes `data`
+    /// and the handle hands it back reduced.
+    pub fn allreduce_owned_async<T: Element>(
+        &self,
+        name: &str,
+        data: Vec<T>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'static, Vec<T>>, Error> {
+        let shape = [data.len()];
+        let request = self.reduce_request(
+            name,
+            RequestKind::Allreduce,
+            &shape,
+            T::DTYPE,
+            options.into(),
+        );
+        let completion = self.submit(request, Box::new(data))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| output(&tensor, payloads.pop()),
+        ))
+    }
+
+    /// Allreduces several tensors submitted together (blocking): they reach
+    /// the coordinator in the same cycle and fuse as far as the fusion
+    /// threshold allows. On an error no buffer is written.
+    pub fn grouped_allreduce<T: Element>(
+        &self,
+        tensors: &mut [(&str, &mut [T])],
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        let views: Vec<(&str, TensorMut<'_, T>)> = tensors
+            .iter_mut()
+            .map(|(name, buf)| (*name, TensorMut::from(&mut **buf)))
+            .collect();
+        self.grouped_allreduce_async(views, options)?.wait()
+    }
+
+    /// [`Kolo::grouped_allreduce`] without blocking: one handle for the
+    /// group, which writes every result back when all are done.
+    pub fn grouped_allreduce_async<'t, 'n, T: Element>(
+        &self,
+        tensors: impl IntoIterator<Item = (&'n str, TensorMut<'t, T>)>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let options = options.into();
+        let mut items: Vec<(Request, Payload)> = Vec::new();
+        let mut outputs: Vec<(String, &'t mut [T])> = Vec::new();
+        for (name, tensor) in tensors {
+            let (data, shape) = tensor.into_parts();
+            check(name, shape_problem(&shape, data.len()))?;
+            let request =
+                self.reduce_request(name, RequestKind::Allreduce, &shape, T::DTYPE, options);
+            items.push((request, Box::new(data.to_vec())));
+            outputs.push((name.to_owned(), data));
+        }
+        let completions = self.submit_all(items)?;
+        let parts = outputs
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(completions)
+            .collect();
+        Ok(Handle::new(parts, move |payloads| {
+            let mut results = Vec::with_capacity(outputs.len());
+            for ((tensor, _), payload) in outputs.iter().zip(payloads) {
+                results.push(output::<Vec<T>>(tensor, Some(payload))?);
+            }
+            for ((tensor, dst), result) in outputs.into_iter().zip(results) {
+                write_back(&tensor, dst, &result)?;
+            }
+            Ok(())
+        }))
+    }
+
+    /// Reduces `input` across all ranks and leaves this rank's share of the
+    /// first dimension in `output` (blocking). The rows are split as evenly
+    /// as possible, the first ranks taking one extra row
+    /// ([`crate::split_rows`]); `output` must hold exactly this rank's rows.
+    pub fn reduce_scatter<'i, T: Element>(
+        &self,
+        name: &str,
+        input: impl Into<Tensor<'i, T>>,
+        output: &mut [T],
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        self.reduce_scatter_async(name, input, output, options)?
+            .wait()
+    }
+
+    /// [`Kolo::reduce_scatter`] without blocking; the handle writes
+    /// `output` when waited on.
+    pub fn reduce_scatter_async<'i, 't, T: Element>(
+        &self,
+        name: &str,
+        input: impl Into<Tensor<'i, T>>,
+        output_buf: &'t mut [T],
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let input = input.into();
+        check(name, input.problem())?;
+        // A scalar is left to the coordinator, which rejects it on every rank.
+        if let Some((&rows, rest)) = input.shape().split_first() {
+            let row: usize = rest.iter().product();
+            let mine = split_rows(rows, self.size())
+                .get(self.rank())
+                .copied()
+                .unwrap_or(0)
+                * row;
+            if output_buf.len() != mine {
+                return Err(Error::InvalidArgument {
+                    tensor: name.to_owned(),
+                    reason: format!(
+                        "rank {} keeps {} of the {rows} rows ({mine} elements), but the output holds {}",
+                        self.rank(),
+                        mine / row.max(1),
+                        output_buf.len()
+                    ),
+                });
+            }
+        }
+        let request = self.reduce_request(
+            name,
+            RequestKind::ReduceScatter,
+            input.shape(),
+            T::DTYPE,
+            options.into(),
+        );
+        let completion = self.submit(request, Box::new(input.data().to_vec()))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(
+            vec![(tensor.clone(), completion)],
+            move |mut payloads| {
+                let result: Vec<T> = output(&tensor, payloads.pop())?;
+                write_back(&tensor, output_buf, &result)
+            },
+        ))
+    }
+
+    fn reduce_request(
+        &self,
+        name: &str,
+        kind: RequestKind,
+        shape: &[usize],
+        dtype: kolo_protocol::DataType,
+        options: ReduceOptions,
+    ) -> Request {
+        Request {
+            reduce_op: options.op,
+            prescale: options.prescale,
+            postscale: options.postscale,
+            ..self.request(name, kind, dtype, wire_shape(shape))
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Requests the ranks cannot perform together fail that tensor on every
+//! rank, with a message naming both values, and the next operation works.
+//! Bad arguments seen locally fail at once.
+
+mod common;
+
+use common::{config, expect_err};
+use kolo::{Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
+
+/// One mismatch: what each rank submits as tensor "m" (rank 0 one way,
+/// the others the other way) and the two values the message must name.
+struct Case {
+    what: &'static str,
+    submit: fn(&Kolo, bool) -> Result<(), Error>,
+    values: [&'static str; 2],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        what: "dtype",
+        submit: |k, first| {
+            if first {
+                k.allreduce("m", &mut [1.0f32; 4], ReduceOp::Sum)
+            } else {
+                k.allreduce("m", &mut [1i32; 4], ReduceOp::Sum)
+            }
+        },
+        values: ["f32", "i32"],
+    },
+    Case {
+        what: "kind",
+        submit: |k, first| {
+            if first {
+                k.allreduce("m", &mut [1i32; 4], ReduceOp::Sum)
+            } else {
+                k.allgather("m", &[1i32; 4]).map(drop)
+            }
+        },
+        values: ["ALLREDUCE", "ALLGATHER"],
+    },
+    Case {
+        what: "reduce op",
+        submit: |k, first| {
+            let op = if first { ReduceOp::Sum } else { ReduceOp::Max };
+            k.allreduce("m", &mut [1i32; 4], op)
+        },
+        values: ["sum", "max"],
+    },
+    Case {
+        what: "shape",
+        submit: |k, first| {
+            let n = if first { 4 } else { 5 };
+            k.allreduce("m", &mut vec![1i64; n], ReduceOp::Sum)
+        },
+        values: ["[4]", "[5]"],
+    },
+    Case {
+        what: "2-D shape",
+        submit: |k, first| {
+            let shape = if first { [2, 3] } else { [3, 2] };
+            k.allreduce(
+                "m",
+                TensorMut::with_shape(&mut [1i64; 6], shape),
+                ReduceOp::Sum,
+            )
+        },
+        values: ["[2, 3]", "[3, 2]"],
+    },
+    Case {
+        what: "allgather scalar",
+        submit: |k, first| {
+            let data = [1i32];
+            let t = if first {
+                Tensor::with_shape(&data, [])
+            } else {
+                Tensor::from(&data)
+            };
+            k.allgather("m", t).map(drop)
+        },
+        values: ["scalar", "[]"],
+    },
+    Case {
+        what: "allgather dimensions",
+        submit: |k, first| {
+            let data = [1i32; 4];
+            let t = if first {
+                Tensor::with_shape(&data, [2, 2])
+            } else {
+                Tensor::from(&data)
+            };
+            k.allgather("m", t).map(drop)
+        },
+        values: ["[2, 2]", "[4]"],
+    },
+    Case {
+        what: "allgather trailing dimension",
+        submit: |k, first| {
+            let data = [1i32; 6];
+            let shape = if first { [2, 3] } else { [3, 2] };
+            k.allgather("m", Tensor::with_shape(&data, shape)).map(drop)
+        },
+        values: ["[2, 3]", "[3, 2]"],
+    },
+    Case {
+        what: "broadcast root",
+        submit: |k, first| k.broadcast("m", &mut [1i32; 2], if first { 0 } else { 1 }),
+        values: ["root 0", "root 1"],
+    },
+    Case {
+        what: "prescale",
+        submit: |k, first| {
+            let options = ReduceOptions::new(ReduceOp::Sum).prescale(if first { 1.0 } else { 2.0 });
+            k.allreduce("m", &mut [1.0f64; 2], options)
+        },
+        values: ["1.0", "2.0"],
+    },
+    Case {
+        what: "postscale",
+        submit: |k, first| {
+            let options =
+                ReduceOptions::new(ReduceOp::Sum).postscale(if first { 0.5 } else { 0.25 });
+            k.allreduce("m", &mut [1.0f64; 2], options)
+        },
+        values: ["0.5", "0.25"],
+    },
+    Case {
+        what: "reduce-scatter shape",
+        submit: |k, first| {
+            let rows = if first { 4 } else { 6 };
+            let input = vec![1i32; rows];
+            let mut out = vec![0i32; kolo::split_rows(rows, k.size())[k.rank()]];
+            k.reduce_scatter("m", &input, &mut out, ReduceOp::Sum)
+        },
+        values: ["[4]", "[6]"],
+    },
+];
+
+#[test]
+fn the_mismatch_matrix() {
+    for n in [2, 3] {
+        kolo::threads::run(n, config(), |kolo| {
+            for (i, case) in CASES.iter().enumerate() {
+                let err = expect_err((case.submit)(kolo, kolo.rank() == 0), case.what);
+                assert!(
+                    matches!(err, Error::Mismatch { .. } | Error::Remote { .. }),
+                    "{}: {err:?}",
+                    case.what
+                );
+                assert_eq!(err.tensor(), Some("m"));
+                let message = err.to_string();
+                for value in case.values {
+                    assert!(
+                        message.contains(value),
+                        "{}: {message:?} lacks {value:?}",
+                        case.what
+                    );
+                }
+                // The engine keeps serving: the next operation succeeds.
+                let mut next = [1i32; 3];
+                kolo.allreduce(&format!("after/{i}"), &mut next, ReduceOp::Sum)?;
+                assert_eq!(next, [kolo.size() as i32; 3]);
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+    }
+}
+
+#[test]
+fn a_name_in_flight_is_rejected_at_once() {
+    kolo::threads::run(2, config(), |kolo| {
+        let mut a = [1i32; 4];
+        let mut b = [1i32; 4];
+        let first = kolo.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
+        let err = expect_err(
+            kolo.allreduce_async("dup", &mut b, ReduceOp::Sum),
+            "duplicate",
+        );
+        assert_eq!(
+            err,
+            Error::DuplicateName {
+                tensor: "dup".into()
+            }
+        );
+        assert!(err.to_string().contains("'dup'"));
+        // A group naming a tensor twice is rejected whole.
+        let mut c = [0i32; 1];
+        let mut d = [0i32; 1];
+        let err = expect_err(
+            kolo.grouped_allreduce(
+                &mut [("twice", &mut c[..]), ("twice", &mut d[..])],
+                ReduceOp::Sum,
+            ),
+            "group",
+        );
+        assert_eq!(
+            err,
+            Error::DuplicateName {
+                tensor: "twice".into()
+            }
+        );
+        first.wait()?;
+        assert_eq!(a, [2; 4]);
+        // Once complete, the name is free again.
+        kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
+        assert_eq!(b, [2; 4]);
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn local_argument_errors_name_the_tensor() {
+    kolo::threads::run(2, config(), |kolo| {
+        let mut data = [0i32; 6];
+        let err = expect_err(
+            kolo.allreduce("bad/shape", TensorMut::with_shape(&mut data, [4, 2]), ReduceOp::Sum),
+            "shape",
+        );
+        assert!(matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/shape" && reason.contains("[4, 2]")));
+
+        let input = [0i32; 10];
+        let mut wrong = [0i32; 3];
+        let err = expect_err(kolo.reduce_scatter("bad/rs", &input, &mut wrong, ReduceOp::Sum), "output");
+        assert!(matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/rs" && reason.contains("holds 3")));
+        // Nothing was submitted: the names are free and the engine serves.
+        kolo.allreduce("bad/shape", &mut data, ReduceOp::Sum)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn alltoall_splits_that_do_not_add_up_fail_everywhere() {
+    kolo::threads::run(2, config(), |kolo| {
+        let send = [1i32; 4];
+        let splits = if kolo.rank() == 0 {
+            vec![1, 2]
+        } else {
+            vec![2, 2]
+        };
+        let err = expect_err(kolo.alltoall("bad/a2a", &send, &splits), "splits");
+        assert!(err.to_string().contains("[1, 2]"), "{err}");
+        let got = kolo.alltoall("good/a2a", &send, &[2, 2])?;
+        assert_eq!(got.splits, [2, 2]);
+        Ok(())
+    })
+    .unwrap();
+}

@@ -4,6 +4,8 @@
 //!   (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
+//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks and kolo-bench, built into
+//!   `gpu-dist/` with a `run.sh`; run here when a GPU is present.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -15,8 +17,9 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test") | Some("ci") => test(&root),
         Some("bench") => bench(&root, &args[1..]),
+        Some("test-gpu") => test_gpu(&root),
         _ => {
-            eprintln!("usage: cargo xtask <test|ci|bench>");
+            eprintln!("usage: cargo xtask <test|ci|bench|test-gpu>");
             std::process::exit(2);
         }
     }
@@ -63,7 +66,17 @@ fn install_deps(root: &Path) -> Result<()> {
 fn test(root: &Path) -> Result<()> {
     install_deps(root)?;
     cargo(root, &["fmt", "--all", "--check"])?;
-    cargo(root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
     cargo(root, &["test", "--workspace"])?;
     Ok(())
 }
@@ -72,4 +85,125 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "kolo-bench", "--"];
     args.extend(extra.iter().map(String::as_str));
     cargo(root, &args)
+}
+
+/// `cargo xtask test-gpu`: builds kolo-nccl's GPU test binaries and
+/// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
+/// kolo-nccl's `run-gpu.sh` as `run.sh`; runs it when `nvidia-smi` works
+/// here, otherwise says how to run the folder on a GPU host.
+fn test_gpu(root: &Path) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let build = |args: &[&str]| -> Result<String> {
+        eprintln!("xtask: cargo {}", args.join(" "));
+        let out = Command::new(&cargo)
+            .args(args)
+            .current_dir(root)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running cargo {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!("cargo {} failed ({})", args.join(" "), out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // One compiler-artifact JSON object per line: the first "name" is the
+    // target's, "executable" its path (null for libraries).
+    let field = |line: &str, key: &str| -> Option<String> {
+        let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
+        line[start..]
+            .find('"')
+            .map(|end| line[start..start + end].to_string())
+    };
+    let artifacts = |json: &str| -> Vec<(String, PathBuf)> {
+        json.lines()
+            .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
+            .filter_map(|l| Some((field(l, "name")?, PathBuf::from(field(l, "executable")?))))
+            .collect()
+    };
+    let tests = build(&[
+        "test",
+        "--release",
+        "-p",
+        "kolo-nccl",
+        "--no-run",
+        "--message-format=json",
+    ])?;
+    let mut wanted: Vec<(String, PathBuf)> = artifacts(&tests)
+        .into_iter()
+        .filter(|(name, _)| name == "gpu_threads" || name == "gpu_mpi")
+        .collect();
+    if wanted.len() != 2 {
+        bail!("expected the gpu_threads and gpu_mpi test executables, found {wanted:?}");
+    }
+    match build(&[
+        "build",
+        "--release",
+        "-p",
+        "kolo-bench",
+        "--message-format=json",
+    ]) {
+        Ok(json) => wanted.extend(
+            artifacts(&json)
+                .into_iter()
+                .filter(|(name, _)| name == "kolo-bench"),
+        ),
+        Err(e) => eprintln!("xtask: warning: kolo-bench not included: {e:#}"),
+    }
+    let dist = root.join("gpu-dist");
+    if dist.exists() {
+        std::fs::remove_dir_all(&dist).with_context(|| format!("removing {}", dist.display()))?;
+    }
+    std::fs::create_dir_all(&dist).with_context(|| format!("creating {}", dist.display()))?;
+    let mut total = 0u64;
+    for (name, exe) in &wanted {
+        let to = dist.join(name);
+        std::fs::copy(exe, &to)
+            .with_context(|| format!("copying {} to {}", exe.display(), to.display()))?;
+        // Best effort: without `strip` the folder is just larger.
+        let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
+        total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+    }
+    let script = dist.join("run.sh");
+    std::fs::copy(root.join("crates/kolo-nccl/run-gpu.sh"), &script)
+        .context("copying run-gpu.sh")?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .context("chmod run.sh")?;
+    }
+    eprintln!(
+        "xtask: {} ({} MiB): {}",
+        dist.display(),
+        total >> 20,
+        wanted
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if total > 60 << 20 {
+        eprintln!("xtask: warning: gpu-dist is over 60 MiB");
+    }
+    let gpu_here = Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !gpu_here {
+        eprintln!(
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    bash gpu-dist/run.sh    # logs in ${{OUT:-./gpu-out}}; BENCH=1 adds bandwidth tables",
+            dist.display()
+        );
+        return Ok(());
+    }
+    let status = Command::new("bash")
+        .arg(&script)
+        .current_dir(&dist)
+        .status()
+        .context("running gpu-dist/run.sh")?;
+    if !status.success() {
+        bail!("gpu-dist/run.sh failed ({status})");
+    }
+    Ok(())
 }

@@ -3,9 +3,11 @@
 //! average as sum then scale.
 
 use crate::comm::MpiComm;
-use crate::raw::{check, counts_displs, to_int};
+use crate::raw::{check, counts_displs, recv_ptr, send_ptr, to_int};
 use kolo_protocol::ReduceOp;
-use kolo_transport::{Collectives, Element, Result, Scale, Topology, Transaction, TransportError, TxOp};
+use kolo_transport::{
+    Collectives, Element, Result, Scale, Topology, Transaction, TransportError, TxOp,
+};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
 
@@ -51,7 +53,14 @@ impl Collectives for MpiComm {
         // SAFETY: `buf` holds `count` elements of the datatype matching T.
         check(
             unsafe {
-                ffi::MPI_Send(buf.as_ptr() as *const c_void, count, self.types.datatype(T::DTYPE), peer, tag, self.data)
+                ffi::MPI_Send(
+                    send_ptr(buf),
+                    count,
+                    self.types.datatype(T::DTYPE),
+                    peer,
+                    tag,
+                    self.data,
+                )
             },
             "MPI_Send",
         )
@@ -65,24 +74,40 @@ impl Collectives for MpiComm {
         // SAFETY: MPI_Status is plain data that MPI_Probe fills in.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
         // SAFETY: valid communicator and status out-pointer.
-        check(unsafe { ffi::MPI_Probe(peer_c, tag_c, self.data, &mut status) }, "MPI_Probe")?;
+        check(
+            unsafe { ffi::MPI_Probe(peer_c, tag_c, self.data, &mut status) },
+            "MPI_Probe",
+        )?;
         let mut incoming: c_int = 0;
         // SAFETY: `status` was filled by MPI_Probe.
-        check(unsafe { ffi::MPI_Get_count(&status, dtype, &mut incoming) }, "MPI_Get_count")?;
+        check(
+            unsafe { ffi::MPI_Get_count(&status, dtype, &mut incoming) },
+            "MPI_Get_count",
+        )?;
         let incoming = incoming.max(0) as usize;
         let mismatch = incoming != buf.len();
         let mut scratch = Vec::new();
         let target: *mut c_void = if mismatch {
             // Consume the message so the pair stays in step, then report.
             scratch.resize(incoming, T::default());
-            scratch.as_mut_ptr() as *mut c_void
+            recv_ptr(&mut scratch)
         } else {
-            buf.as_mut_ptr() as *mut c_void
+            recv_ptr(buf)
         };
         let count = to_int(incoming, "recv")?;
         // SAFETY: `target` holds `incoming` elements of T, the probed size.
         check(
-            unsafe { ffi::MPI_Recv(target, count, dtype, peer_c, tag_c, self.data, ffi::RSMPI_STATUS_IGNORE) },
+            unsafe {
+                ffi::MPI_Recv(
+                    target,
+                    count,
+                    dtype,
+                    peer_c,
+                    tag_c,
+                    self.data,
+                    ffi::RSMPI_STATUS_IGNORE,
+                )
+            },
             "MPI_Recv",
         )?;
         if mismatch {
@@ -94,22 +119,32 @@ impl Collectives for MpiComm {
         Ok(())
     }
 
-    fn sendrecv<T: Element>(&mut self, send: &[T], dst: usize, recv: &mut [T], src: usize, tag: u32) -> Result<()> {
+    fn sendrecv<T: Element>(
+        &mut self,
+        send: &[T],
+        dst: usize,
+        recv: &mut [T],
+        src: usize,
+        tag: u32,
+    ) -> Result<()> {
         let dst = self.check_peer(dst, "sendrecv")?;
         let src = self.check_peer(src, "sendrecv")?;
         let tag = self.check_tag(tag)?;
         let dtype = self.types.datatype(T::DTYPE);
-        let (sc, rc) = (to_int(send.len(), "sendrecv")?, to_int(recv.len(), "sendrecv")?);
+        let (sc, rc) = (
+            to_int(send.len(), "sendrecv")?,
+            to_int(recv.len(), "sendrecv")?,
+        );
         // SAFETY: both buffers hold the element counts passed.
         check(
             unsafe {
                 ffi::MPI_Sendrecv(
-                    send.as_ptr() as *const c_void,
+                    send_ptr(send),
                     sc,
                     dtype,
                     dst,
                     tag,
-                    recv.as_mut_ptr() as *mut c_void,
+                    recv_ptr(recv),
                     rc,
                     dtype,
                     src,
@@ -132,7 +167,14 @@ impl Collectives for MpiComm {
             // SAFETY: in place over `chunk.len()` (< int max) elements of T.
             check(
                 unsafe {
-                    ffi::MPI_Allreduce(self.in_place, chunk.as_mut_ptr() as *mut c_void, chunk.len() as c_int, dtype, mpi_op, self.data)
+                    ffi::MPI_Allreduce(
+                        self.in_place,
+                        recv_ptr(chunk),
+                        chunk.len() as c_int,
+                        dtype,
+                        mpi_op,
+                        self.data,
+                    )
                 },
                 "MPI_Allreduce",
             )?;
@@ -144,7 +186,12 @@ impl Collectives for MpiComm {
         Ok(())
     }
 
-    fn allgatherv<T: Element>(&mut self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()> {
+    fn allgatherv<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> Result<()> {
         let total = self.check_counts(counts, "allgatherv")?;
         check_len("allgatherv", "send", send.len(), counts[self.rank()])?;
         check_len("allgatherv", "recv", recv.len(), total)?;
@@ -154,10 +201,10 @@ impl Collectives for MpiComm {
         check(
             unsafe {
                 ffi::MPI_Allgatherv(
-                    send.as_ptr() as *const c_void,
+                    send_ptr(send),
                     c[self.rank()],
                     dtype,
-                    recv.as_mut_ptr() as *mut c_void,
+                    recv_ptr(recv),
                     c.as_ptr(),
                     d.as_ptr(),
                     dtype,
@@ -174,7 +221,15 @@ impl Collectives for MpiComm {
         for chunk in buf.chunks_mut(MAX_CHUNK) {
             // SAFETY: `chunk.len()` elements of T in place.
             check(
-                unsafe { ffi::MPI_Bcast(chunk.as_mut_ptr() as *mut c_void, chunk.len() as c_int, dtype, root, self.data) },
+                unsafe {
+                    ffi::MPI_Bcast(
+                        recv_ptr(chunk),
+                        chunk.len() as c_int,
+                        dtype,
+                        root,
+                        self.data,
+                    )
+                },
                 "MPI_Bcast",
             )?;
         }
@@ -208,8 +263,8 @@ impl Collectives for MpiComm {
         check(
             unsafe {
                 ffi::MPI_Reduce_scatter(
-                    input.as_ptr() as *const c_void,
-                    recv.as_mut_ptr() as *mut c_void,
+                    send_ptr(input),
+                    recv_ptr(recv),
                     c.as_ptr(),
                     dtype,
                     mpi_op,
@@ -225,7 +280,13 @@ impl Collectives for MpiComm {
         Ok(())
     }
 
-    fn alltoallv<T: Element>(&mut self, send: &[T], send_counts: &[usize], recv: &mut [T], recv_counts: &[usize]) -> Result<()> {
+    fn alltoallv<T: Element>(
+        &mut self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
         let send_total = self.check_counts(send_counts, "alltoallv send")?;
         let recv_total = self.check_counts(recv_counts, "alltoallv recv")?;
         check_len("alltoallv", "send", send.len(), send_total)?;
@@ -237,11 +298,11 @@ impl Collectives for MpiComm {
         check(
             unsafe {
                 ffi::MPI_Alltoallv(
-                    send.as_ptr() as *const c_void,
+                    send_ptr(send),
                     sc.as_ptr(),
                     sd.as_ptr(),
                     dtype,
-                    recv.as_mut_ptr() as *mut c_void,
+                    recv_ptr(recv),
                     rc.as_ptr(),
                     rd.as_ptr(),
                     dtype,
@@ -265,7 +326,12 @@ impl Collectives for MpiComm {
         let mut p2p = Vec::new();
         for op in tx.into_ops() {
             match op {
-                TxOp::ReduceScatter { send, recv, op, scale } => {
+                TxOp::ReduceScatter {
+                    send,
+                    recv,
+                    op,
+                    scale,
+                } => {
                     let counts = vec![recv.len(); size];
                     self.reduce_scatter(send, recv, &counts, op, scale)?;
                 }
@@ -286,7 +352,9 @@ impl Collectives for MpiComm {
         };
         // Receives are posted before sends so every send finds its match.
         let mut ordered: Vec<TxOp<'_, T>> = Vec::with_capacity(p2p.len());
-        let (recvs, sends): (Vec<_>, Vec<_>) = p2p.into_iter().partition(|o| matches!(o, TxOp::Recv { .. }));
+        let (recvs, sends): (Vec<_>, Vec<_>) = p2p
+            .into_iter()
+            .partition(|o| matches!(o, TxOp::Recv { .. }));
         ordered.extend(recvs);
         ordered.extend(sends);
         for op in &mut ordered {
@@ -294,16 +362,28 @@ impl Collectives for MpiComm {
             let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
             match op {
                 TxOp::Recv { buf, peer, tag } => {
-                    let (p, t, n) = (self.check_peer(*peer, "recv")?, self.check_tag(*tag)?, to_int(buf.len(), "recv")?);
+                    let (p, t, n) = (
+                        self.check_peer(*peer, "recv")?,
+                        self.check_tag(*tag)?,
+                        to_int(buf.len(), "recv")?,
+                    );
                     // SAFETY: `buf` outlives the Waitall below (it borrows
                     // from `ordered`, alive until this function returns).
-                    let rc = unsafe { ffi::MPI_Irecv(buf.as_mut_ptr() as *mut c_void, n, dtype, p, t, self.data, &mut req) };
+                    let rc = unsafe {
+                        ffi::MPI_Irecv(recv_ptr(buf), n, dtype, p, t, self.data, &mut req)
+                    };
                     post(rc, req, "MPI_Irecv")?;
                 }
                 TxOp::Send { buf, peer, tag } => {
-                    let (p, t, n) = (self.check_peer(*peer, "send")?, self.check_tag(*tag)?, to_int(buf.len(), "send")?);
+                    let (p, t, n) = (
+                        self.check_peer(*peer, "send")?,
+                        self.check_tag(*tag)?,
+                        to_int(buf.len(), "send")?,
+                    );
                     // SAFETY: as above; `buf` is alive until Waitall returns.
-                    let rc = unsafe { ffi::MPI_Isend(buf.as_ptr() as *const c_void, n, dtype, p, t, self.data, &mut req) };
+                    let rc = unsafe {
+                        ffi::MPI_Isend(send_ptr(buf), n, dtype, p, t, self.data, &mut req)
+                    };
                     post(rc, req, "MPI_Isend")?;
                 }
                 _ => unreachable!("collectives ran above"),

@@ -104,14 +104,27 @@ impl MpiComm {
         Ok(peer as c_int)
     }
 
+    /// kolo's tag as an MPI tag. kolo reserves the top 65,536 `u32` tags
+    /// (from [`kolo_transport::RESERVED_TAG_BASE`]) for itself; they map onto
+    /// the top of MPI's tag range, `tag_ub - 65535 ..= tag_ub`, and user
+    /// tags must stay below that.
     pub(crate) fn check_tag(&self, tag: u32) -> Result<c_int> {
-        if tag > self.tag_ub {
+        const RESERVED: u32 = u32::MAX - kolo_transport::RESERVED_TAG_BASE; // 65,535
+        let user_limit = self.tag_ub.saturating_sub(RESERVED);
+        let mapped = if tag >= kolo_transport::RESERVED_TAG_BASE {
+            user_limit + (tag - kolo_transport::RESERVED_TAG_BASE)
+        } else if tag < user_limit {
+            tag
+        } else {
             return Err(TransportError::InvalidArgument(format!(
-                "tag {tag} exceeds this MPI's upper bound {}",
+                "tag {tag} is too large for this MPI: user tags must be below {user_limit} \
+                 (MPI_TAG_UB {} minus kolo's 65,536 reserved tags)",
                 self.tag_ub
             )));
-        }
-        Ok(tag as c_int)
+        };
+        c_int::try_from(mapped).map_err(|_| {
+            TransportError::InvalidArgument(format!("tag {tag} does not fit MPI's int tags"))
+        })
     }
 }
 
@@ -158,7 +171,13 @@ fn split_shared(comm: MPI_Comm) -> Result<MPI_Comm> {
     // SAFETY: valid communicator and out-pointer; predefined constants.
     check(
         unsafe {
-            ffi::MPI_Comm_split_type(comm, ffi::RSMPI_COMM_TYPE_SHARED, 0, ffi::RSMPI_INFO_NULL, &mut out)
+            ffi::MPI_Comm_split_type(
+                comm,
+                ffi::RSMPI_COMM_TYPE_SHARED,
+                0,
+                ffi::RSMPI_INFO_NULL,
+                &mut out,
+            )
         },
         "MPI_Comm_split_type(shared)",
     )?;
@@ -168,9 +187,15 @@ fn split_shared(comm: MPI_Comm) -> Result<MPI_Comm> {
 fn rank_size(comm: MPI_Comm) -> Result<(usize, usize)> {
     let (mut rank, mut size): (c_int, c_int) = (0, 0);
     // SAFETY: valid communicator and out-pointers.
-    check(unsafe { ffi::MPI_Comm_rank(comm, &mut rank) }, "MPI_Comm_rank")?;
+    check(
+        unsafe { ffi::MPI_Comm_rank(comm, &mut rank) },
+        "MPI_Comm_rank",
+    )?;
     // SAFETY: as above.
-    check(unsafe { ffi::MPI_Comm_size(comm, &mut size) }, "MPI_Comm_size")?;
+    check(
+        unsafe { ffi::MPI_Comm_size(comm, &mut size) },
+        "MPI_Comm_size",
+    )?;
     Ok((rank.max(0) as usize, size.max(0) as usize))
 }
 
@@ -188,7 +213,12 @@ fn tag_upper_bound(comm: MPI_Comm, key: c_int) -> Result<u32> {
     // MPI; we pass the address of a pointer-sized out slot as required.
     check(
         unsafe {
-            ffi::MPI_Comm_get_attr(comm, key, &mut value as *mut *mut c_int as *mut c_void, &mut flag)
+            ffi::MPI_Comm_get_attr(
+                comm,
+                key,
+                &mut value as *mut *mut c_int as *mut c_void,
+                &mut flag,
+            )
         },
         "MPI_Comm_get_attr(MPI_TAG_UB)",
     )?;

@@ -2,7 +2,7 @@
 //! communicator (counts first, then payloads).
 
 use crate::comm::MpiComm;
-use crate::raw::{check, counts_displs, to_int};
+use crate::raw::{check, counts_displs, recv_ptr, send_ptr, to_int};
 use kolo_transport::{BitOp, Controller, Result, Topology, TransportError};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -29,7 +29,7 @@ impl MpiComm {
                     &mine as *const u64 as *const c_void,
                     1,
                     ffi::RSMPI_UINT64_T,
-                    all.as_mut_ptr() as *mut c_void,
+                    recv_ptr(&mut all),
                     1,
                     ffi::RSMPI_UINT64_T,
                     self.control,
@@ -54,7 +54,7 @@ impl Controller for MpiComm {
                     &mine as *const u64 as *const c_void,
                     1,
                     ffi::RSMPI_UINT64_T,
-                    lens.as_mut_ptr() as *mut c_void,
+                    recv_ptr(&mut lens),
                     1,
                     ffi::RSMPI_UINT64_T,
                     root_c,
@@ -73,10 +73,10 @@ impl Controller for MpiComm {
         check(
             unsafe {
                 ffi::MPI_Gatherv(
-                    msg.as_ptr() as *const c_void,
+                    send_ptr(msg),
                     send_count,
                     ffi::RSMPI_UINT8_T,
-                    all.as_mut_ptr() as *mut c_void,
+                    recv_ptr(&mut all),
                     counts.as_ptr(),
                     displs.as_ptr(),
                     ffi::RSMPI_UINT8_T,
@@ -98,17 +98,36 @@ impl Controller for MpiComm {
         // SAFETY: one u64 broadcast in place.
         check(
             unsafe {
-                ffi::MPI_Bcast(&mut len as *mut u64 as *mut c_void, 1, ffi::RSMPI_UINT64_T, root_c, self.control)
+                ffi::MPI_Bcast(
+                    &mut len as *mut u64 as *mut c_void,
+                    1,
+                    ffi::RSMPI_UINT64_T,
+                    root_c,
+                    self.control,
+                )
             },
             "MPI_Bcast(length)",
         )?;
-        let len = usize::try_from(len)
-            .map_err(|_| TransportError::Backend(format!("broadcast length {len} does not fit in memory")))?;
-        let mut buf = if self.rank() == root { msg.to_vec() } else { vec![0u8; len] };
+        let len = usize::try_from(len).map_err(|_| {
+            TransportError::Backend(format!("broadcast length {len} does not fit in memory"))
+        })?;
+        let mut buf = if self.rank() == root {
+            msg.to_vec()
+        } else {
+            vec![0u8; len]
+        };
         let count = to_int(len, "broadcast_bytes")?;
         // SAFETY: `buf` holds `len` bytes on every rank.
         check(
-            unsafe { ffi::MPI_Bcast(buf.as_mut_ptr() as *mut c_void, count, ffi::RSMPI_UINT8_T, root_c, self.control) },
+            unsafe {
+                ffi::MPI_Bcast(
+                    recv_ptr(&mut buf),
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    root_c,
+                    self.control,
+                )
+            },
             "MPI_Bcast(message)",
         )?;
         Ok(buf)
@@ -123,10 +142,10 @@ impl Controller for MpiComm {
         check(
             unsafe {
                 ffi::MPI_Allgatherv(
-                    msg.as_ptr() as *const c_void,
+                    send_ptr(msg),
                     send_count,
                     ffi::RSMPI_UINT8_T,
-                    all.as_mut_ptr() as *mut c_void,
+                    recv_ptr(&mut all),
                     counts.as_ptr(),
                     displs.as_ptr(),
                     ffi::RSMPI_UINT8_T,
@@ -140,7 +159,10 @@ impl Controller for MpiComm {
 
     fn control_barrier(&mut self) -> Result<()> {
         // SAFETY: a barrier on our control communicator.
-        check(unsafe { ffi::MPI_Barrier(self.control) }, "MPI_Barrier(control)")
+        check(
+            unsafe { ffi::MPI_Barrier(self.control) },
+            "MPI_Barrier(control)",
+        )
     }
 
     fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
@@ -154,7 +176,7 @@ impl Controller for MpiComm {
                 };
                 ffi::MPI_Allreduce(
                     self.in_place,
-                    words.as_mut_ptr() as *mut c_void,
+                    recv_ptr(words),
                     count,
                     ffi::RSMPI_UINT64_T,
                     mpi_op,

@@ -10,7 +10,12 @@ use mpi::ffi::{self, MPI_Datatype, MPI_Op};
 use std::os::raw::{c_int, c_void};
 
 /// The reduce ops MPI runs for kolo (Average is Sum followed by a scale).
-const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product];
+const OPS: [ReduceOp; 4] = [
+    ReduceOp::Sum,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Product,
+];
 
 /// Datatypes and user operations created once per communicator.
 pub(crate) struct Types {
@@ -45,7 +50,11 @@ impl Types {
                 check(unsafe { ffi::MPI_Op_create(f, 1, slot) }, "MPI_Op_create")?;
             }
         }
-        Ok(Types { f16, bf16, half_ops })
+        Ok(Types {
+            f16,
+            bf16,
+            half_ops,
+        })
     }
 
     /// The MPI datatype for `dtype`.
@@ -71,7 +80,11 @@ impl Types {
 
     /// The MPI operation reducing `dtype` with `op` (`Average` maps to sum).
     pub(crate) fn op(&self, dtype: DataType, op: ReduceOp) -> Result<MPI_Op> {
-        let op = if op == ReduceOp::Average { ReduceOp::Sum } else { op };
+        let op = if op == ReduceOp::Average {
+            ReduceOp::Sum
+        } else {
+            op
+        };
         let index = OPS.iter().position(|&o| o == op).ok_or_else(|| {
             TransportError::InvalidArgument(format!("reduce op {op} has no MPI operation"))
         })?;

@@ -49,7 +49,13 @@ fn is_openmpi() -> bool {
 /// Runs `program args...` under `mpirun -np np`, killing it after
 /// `timeout` (a hung job must fail the test, not hang CI). Returns the
 /// combined output or a message saying what went wrong.
-pub fn mpirun_self<I, S>(program: &Path, np: usize, args: I, envs: &[(&str, &str)], timeout: Duration) -> Result<Output, String>
+pub fn mpirun_self<I, S>(
+    program: &Path,
+    np: usize,
+    args: I,
+    envs: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<Output, String>
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -59,8 +65,11 @@ where
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start mpirun: {e} (install OpenMPI: scripts/install-deps.sh)"))?;
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        format!("cannot start mpirun: {e} (install OpenMPI: scripts/install-deps.sh)")
+    })?;
     // Drain both pipes on their own threads so a chatty job cannot block on
     // a full pipe while we wait for it.
     let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
@@ -72,8 +81,18 @@ where
             buf
         })
     };
-    let out_reader = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-    let err_reader = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let out_reader = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let err_reader = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {

@@ -45,4 +45,4 @@ mod raw;
 mod runtime;
 
 pub use comm::MpiComm;
-pub use runtime::ThreadLevel;
+pub use runtime::{granted_thread_level, ThreadLevel};

@@ -28,7 +28,10 @@ fn error_string(code: c_int) -> String {
     if rc != ffi::MPI_SUCCESS as c_int {
         return "unknown error".into();
     }
-    let bytes: Vec<u8> = buf[..len.max(0) as usize].iter().map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf[..len.max(0) as usize]
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -53,4 +56,28 @@ pub(crate) fn counts_displs(counts: &[usize], what: &str) -> Result<(Vec<c_int>,
         offset += n;
     }
     Ok((c, d))
+}
+
+/// A scratch word whose address stands in for empty buffers.
+static mut EMPTY: u64 = 0;
+
+/// The address MPI gets for `buf`. An empty Rust slice points at a dangling
+/// address equal to its alignment — `1` for bytes, which is OpenMPI's
+/// `MPI_IN_PLACE` — so empty buffers get the address of a real word instead.
+pub(crate) fn send_ptr<T>(buf: &[T]) -> *const std::os::raw::c_void {
+    if buf.is_empty() {
+        std::ptr::addr_of!(EMPTY) as *const std::os::raw::c_void
+    } else {
+        buf.as_ptr() as *const std::os::raw::c_void
+    }
+}
+
+/// Like [`send_ptr`] for buffers MPI writes. MPI writes nothing through the
+/// stand-in address of an empty buffer (its count is 0).
+pub(crate) fn recv_ptr<T>(buf: &mut [T]) -> *mut std::os::raw::c_void {
+    if buf.is_empty() {
+        std::ptr::addr_of_mut!(EMPTY) as *mut std::os::raw::c_void
+    } else {
+        buf.as_mut_ptr() as *mut std::os::raw::c_void
+    }
 }

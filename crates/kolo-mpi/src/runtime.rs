@@ -7,6 +7,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The level MPI granted, once kolo initialised it (`ThreadLevel as u8 + 1`).
+static GRANTED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The thread level MPI granted when kolo initialised it; `None` before.
+pub fn granted_thread_level() -> Option<ThreadLevel> {
+    match GRANTED.load(Ordering::Acquire) {
+        1 => Some(ThreadLevel::Single),
+        2 => Some(ThreadLevel::Funneled),
+        3 => Some(ThreadLevel::Serialized),
+        4 => Some(ThreadLevel::Multiple),
+        _ => None,
+    }
+}
 
 /// True between MPI's initialisation by kolo and its finalisation.
 pub(crate) fn is_active() -> bool {
@@ -57,9 +70,11 @@ impl Runtime {
             )
         })?;
         ACTIVE.store(true, Ordering::Release);
+        let level = ThreadLevel::from_mpi(provided);
+        GRANTED.store(level as u8 + 1, Ordering::Release);
         Ok(Arc::new(Runtime {
             universe: Some(universe),
-            level: ThreadLevel::from_mpi(provided),
+            level,
         }))
     }
 

@@ -60,34 +60,80 @@ impl Kolo {
         B: Backend + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        let (rank, size) = (backend.rank(), backend.size());
-        let timeline = match (&config.timeline, rank) {
-            (Some(path), 0) => {
-                Timeline::create(path, config.timeline_mark_cycles).map_err(|e| {
-                    Error::Timeline {
-                        path: path.clone(),
-                        message: e.to_string(),
-                    }
-                })?
-            }
-            _ => Timeline::disabled(),
-        };
+        Kolo::start_on_thread(move || Ok(backend), config, abort)
+    }
+
+    /// Starts the engine with a backend that `make` creates on the engine's
+    /// background thread, which then makes every backend call. This is how
+    /// backends that must stay on one thread run: MPI initialised with
+    /// `MPI_THREAD_FUNNELED` (only the initialising thread may call MPI),
+    /// and NCCL, whose communicator is not `Send`. `abort` is as in
+    /// [`Kolo::start_with_abort`].
+    pub fn start_on_thread<B, M, F>(make: M, config: Config, abort: F) -> Result<Kolo, Error>
+    where
+        B: Backend + 'static,
+        M: FnOnce() -> Result<B, Error> + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = crossbeam_channel::unbounded();
-        let engine = background::Engine::new(
-            backend,
-            &config,
-            timeline,
-            Arc::clone(&shared),
-            receiver,
-            abort,
-        );
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(usize, usize), Error>>(1);
+        let engine_config = config.clone();
+        let engine_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
-            .name(format!("kolo-rank-{rank}"))
-            .spawn(move || engine.run())
+            .name("kolo-engine".into())
+            .spawn(move || {
+                let backend = match make() {
+                    Ok(backend) => backend,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let (rank, size) = (backend.rank(), backend.size());
+                let timeline = match (&engine_config.timeline, rank) {
+                    (Some(path), 0) => {
+                        match Timeline::create(path, engine_config.timeline_mark_cycles) {
+                            Ok(timeline) => timeline,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(Error::Timeline {
+                                    path: path.clone(),
+                                    message: e.to_string(),
+                                }));
+                                return;
+                            }
+                        }
+                    }
+                    _ => Timeline::disabled(),
+                };
+                let engine = background::Engine::new(
+                    backend,
+                    &engine_config,
+                    timeline,
+                    engine_shared,
+                    receiver,
+                    abort,
+                );
+                let _ = ready_tx.send(Ok((rank, size)));
+                engine.run()
+            })
             .map_err(|e| Error::Start {
-                message: format!("cannot spawn the background thread of rank {rank}: {e}"),
+                message: format!("cannot spawn the engine's background thread: {e}"),
             })?;
+        let (rank, size) = match ready_rx.recv() {
+            Ok(Ok(topology)) => topology,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Start {
+                    message: "the engine's background thread ended before starting its backend"
+                        .into(),
+                });
+            }
+        };
         tracing::debug!(rank, size, ?config, "kolo engine started");
         Ok(Kolo {
             rank,

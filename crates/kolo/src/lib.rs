@@ -39,6 +39,8 @@ mod engine;
 mod error;
 mod handle;
 mod logging;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod ops;
 mod perform;
 mod split;

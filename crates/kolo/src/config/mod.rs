@@ -28,9 +28,12 @@ pub const STALL_SHUTDOWN_TIME_SECONDS: &str = "KOLO_STALL_SHUTDOWN_TIME_SECONDS"
 pub const LOG_LEVEL: &str = "KOLO_LOG_LEVEL";
 /// Backend: [`Config::backend`].
 pub const BACKEND: &str = "KOLO_BACKEND";
+/// Ask MPI for `MPI_THREAD_FUNNELED` instead of `MULTIPLE`:
+/// [`Config::mpi_threads_disable`].
+pub const MPI_THREADS_DISABLE: &str = "KOLO_MPI_THREADS_DISABLE";
 
 /// Every variable [`Config::from_env`] reads.
-pub const VARIABLES: [&str; 9] = [
+pub const VARIABLES: [&str; 10] = [
     FUSION_THRESHOLD,
     CYCLE_TIME,
     TIMELINE,
@@ -40,6 +43,7 @@ pub const VARIABLES: [&str; 9] = [
     STALL_SHUTDOWN_TIME_SECONDS,
     LOG_LEVEL,
     BACKEND,
+    MPI_THREADS_DISABLE,
 ];
 
 /// The engine's settings. Build one with the builder methods (each
@@ -76,6 +80,10 @@ pub struct Config {
     /// Which backend a launcher should use (threads); informational for
     /// [`crate::threads::run`], which always runs on threads.
     pub backend: BackendKind,
+    /// MPI backend: request `MPI_THREAD_FUNNELED` rather than
+    /// `MPI_THREAD_MULTIPLE` (off). Every MPI call then comes from the
+    /// engine's background thread, which initialises MPI.
+    pub mpi_threads_disable: bool,
 }
 
 impl Default for Config {
@@ -90,6 +98,7 @@ impl Default for Config {
             stall_shutdown: None,
             log_level: LogLevel::Warn,
             backend: BackendKind::Threads,
+            mpi_threads_disable: false,
         }
     }
 }
@@ -135,6 +144,9 @@ impl Config {
         }
         if let Some(v) = read(BACKEND) {
             config.backend = checked(BACKEND, &v, BackendKind::from_str)?;
+        }
+        if let Some(v) = read(MPI_THREADS_DISABLE) {
+            config.mpi_threads_disable = checked(MPI_THREADS_DISABLE, &v, parse::switch)?;
         }
         Ok(config)
     }
@@ -190,6 +202,12 @@ impl Config {
     /// Sets the backend.
     pub fn backend(mut self, backend: BackendKind) -> Self {
         self.backend = backend;
+        self
+    }
+
+    /// MPI backend: request `MPI_THREAD_FUNNELED` instead of `MULTIPLE`.
+    pub fn mpi_threads_disable(mut self, disable: bool) -> Self {
+        self.mpi_threads_disable = disable;
         self
     }
 

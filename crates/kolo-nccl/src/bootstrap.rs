@@ -1,0 +1,169 @@
+//! The pure steps of bootstrapping a communicator over a control plane:
+//! status messages every rank agrees on, NCCL's unique id on the wire, and
+//! the layout checks.
+
+use crate::comm::{CopyEngine, Mode};
+use crate::error::NcclError;
+use crate::sys;
+use kolo_transport::Controller;
+
+/// All ranks learn whether `local` failed anywhere: the first failing rank
+/// is reported on every rank.
+pub(crate) fn agree<C: Controller + ?Sized>(
+    ctrl: &mut C,
+    what: &str,
+    local: Result<(), NcclError>,
+) -> Result<(), NcclError> {
+    let statuses = ctrl.allgather_bytes(&encode_status(local.map(|()| Vec::new())))?;
+    match first_failure(&statuses) {
+        Some((rank, message)) => Err(NcclError::Bootstrap {
+            rank,
+            message: format!("{what}: {message}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `[1, payload...]` for success, `[0, message...]` for failure.
+pub(crate) fn encode_status(status: Result<Vec<u8>, NcclError>) -> Vec<u8> {
+    match status {
+        Ok(payload) => std::iter::once(1).chain(payload).collect(),
+        Err(e) => std::iter::once(0)
+            .chain(e.to_string().into_bytes())
+            .collect(),
+    }
+}
+
+/// The first rank whose status is a failure, with its message.
+pub(crate) fn first_failure(statuses: &[Vec<u8>]) -> Option<(usize, String)> {
+    statuses
+        .iter()
+        .enumerate()
+        .find_map(|(rank, s)| match s.split_first() {
+            Some((1, _)) => None,
+            Some((_, message)) => Some((rank, String::from_utf8_lossy(message).into_owned())),
+            None => Some((rank, "sent an empty status".into())),
+        })
+}
+
+pub(crate) fn id_bytes(id: &sys::UniqueId) -> Vec<u8> {
+    id.internal.iter().map(|&c| c as u8).collect()
+}
+
+/// Rank 0's broadcast: its unique id, or why it could not make one.
+pub(crate) fn decode_unique_id(msg: &[u8]) -> Result<sys::UniqueId, NcclError> {
+    let failed = |message: String| NcclError::Bootstrap { rank: 0, message };
+    let bytes = match msg.split_first() {
+        Some((1, bytes)) => bytes,
+        Some((_, why)) => {
+            return Err(failed(format!(
+                "ncclGetUniqueId: {}",
+                String::from_utf8_lossy(why)
+            )))
+        }
+        None => return Err(failed("rank 0 sent no unique id".into())),
+    };
+    if bytes.len() != sys::UNIQUE_ID_BYTES {
+        return Err(failed(format!(
+            "the unique id has {} bytes, not {}",
+            bytes.len(),
+            sys::UNIQUE_ID_BYTES
+        )));
+    }
+    let mut id = sys::UniqueId {
+        internal: [0; sys::UNIQUE_ID_BYTES],
+    };
+    for (dst, &b) in id.internal.iter_mut().zip(bytes) {
+        *dst = b as std::ffi::c_char;
+    }
+    Ok(id)
+}
+
+/// Two ranks of one process on one GPU would deadlock NCCL; copy engines
+/// need thread mode. Every rank sees the same inputs, so all agree.
+pub(crate) fn check_layout(
+    mode: Mode,
+    copy_engine: CopyEngine,
+    ordinals: &[usize],
+) -> Result<(), NcclError> {
+    if mode == Mode::ThreadPerGpu {
+        for (a, &oa) in ordinals.iter().enumerate() {
+            if let Some(b) = ordinals[a + 1..].iter().position(|&ob| ob == oa) {
+                return Err(NcclError::InvalidArgument(format!(
+                    "ranks {a} and {} of this process both use device {oa}; NCCL needs one GPU per rank",
+                    a + 1 + b
+                )));
+            }
+        }
+    }
+    if copy_engine == CopyEngine::On && mode != Mode::ThreadPerGpu {
+        return Err(NcclError::InvalidArgument(
+            "CopyEngine::On needs every rank in this process (one thread per GPU)".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn u64_from(bytes: &[u8]) -> Result<u64, NcclError> {
+    <[u8; 8]>::try_from(bytes)
+        .map(u64::from_le_bytes)
+        .map_err(|_| NcclError::Bootstrap {
+            rank: 0,
+            message: format!("expected an 8-byte value, got {} bytes", bytes.len()),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_name_the_first_failing_rank() {
+        let ok = encode_status(Ok(vec![]));
+        let bad = encode_status(Err(NcclError::NoDevice {
+            reason: "device 3 was requested but 2 are visible".into(),
+        }));
+        assert_eq!(first_failure(&[ok.clone(), ok.clone()]), None);
+        let (rank, message) = first_failure(&[ok, bad.clone(), bad]).unwrap();
+        assert_eq!(rank, 1);
+        assert!(message.contains("device 3"), "{message}");
+        assert_eq!(first_failure(&[vec![]]).map(|(r, _)| r), Some(0));
+    }
+
+    #[test]
+    fn unique_ids_cross_the_control_plane_intact() {
+        let mut id = sys::UniqueId {
+            internal: [0; sys::UNIQUE_ID_BYTES],
+        };
+        for (i, c) in id.internal.iter_mut().enumerate() {
+            *c = (i as u8).wrapping_mul(37) as std::ffi::c_char;
+        }
+        let back = decode_unique_id(&encode_status(Ok(id_bytes(&id)))).unwrap();
+        assert_eq!(back.internal, id.internal);
+        let e = decode_unique_id(&encode_status(Err(NcclError::LibraryMissing {
+            library: "libnccl",
+            hint: "x".into(),
+        })))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("ncclGetUniqueId: libnccl is not available"),
+            "{e}"
+        );
+        assert!(decode_unique_id(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn layouts_that_cannot_work_are_refused_everywhere() {
+        assert!(check_layout(Mode::ThreadPerGpu, CopyEngine::On, &[0, 1]).is_ok());
+        assert!(check_layout(Mode::ProcessPerGpu, CopyEngine::Off, &[0, 0]).is_ok());
+        let e = check_layout(Mode::ThreadPerGpu, CopyEngine::Off, &[0, 1, 1]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("ranks 1 and 2 of this process both use device 1"),
+            "{e}"
+        );
+        let e = check_layout(Mode::ProcessPerGpu, CopyEngine::On, &[0, 1]).unwrap_err();
+        assert!(e.to_string().contains("one thread per GPU"), "{e}");
+    }
+}

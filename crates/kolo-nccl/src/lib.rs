@@ -1,0 +1,121 @@
+//! kolo-nccl: kolo's NCCL backend — collectives, point-to-point and
+//! transactions on CUDA memory, one [`NcclComm`] per GPU, run either as one
+//! process per GPU (bootstrapped over MPI or any kolo
+//! [`Controller`](kolo_transport::Controller)) or as one thread per GPU in
+//! one process (bootstrapped over kolo-threads, see [`threads::run`]),
+//! where all-gathers and transaction sends / receives may run on the copy
+//! engines ([`CopyEngine::On`]).
+//!
+//! CUDA comes from cudarc's driver API and NCCL from `libnccl.so.2`, both
+//! loaded at run time: the crate builds and links without CUDA, and a
+//! missing driver, library or symbol is an [`NcclError`] (probed first, see
+//! [`probe`]), never a panic. Each communicator owns a non-blocking stream
+//! at its device's highest priority; every operation waits on the GPU for
+//! its buffers' last writes (cudarc's per-buffer events) and for any ready
+//! event or stream given ([`NcclComm::wait_event`],
+//! [`NcclComm::begin_after_event`]), and returns a [`Work`] completed by
+//! the device's single completion thread, which also polls NCCL's
+//! asynchronous errors and fails pending work when a peer dies or an
+//! operation outlives [`NcclOptions::op_timeout`]. Dropping a communicator
+//! finalizes it when healthy and aborts it otherwise, within
+//! [`NcclOptions::teardown_timeout`].
+//!
+//! [`HostStaging`] serves kolo's host data plane
+//! ([`Collectives`](kolo_transport::Collectives)) through NCCL so the one
+//! conformance suite runs on it; [`mod@bench`] times operations on device
+//! buffers.
+//!
+//! # Reductions on the device
+//!
+//! Sum, min, max and product are native for f32, f64, f16, bf16, i32, i64,
+//! u8, i8 (bool as u8: OR / AND). Float averages use `ncclAvg`; float pre-
+//! and post-scales fold into one `ncclRedOpCreatePreMulSum` factor.
+//! Without a kernel of its own (no nvrtc), the device path reports
+//! [`NcclError::Unsupported`] for integer averages or scales, scaled
+//! min / max / product, and u16 / i16 reductions; [`HostStaging`] covers
+//! all of them with kolo's exact semantics. See [`reduce_plan`].
+//!
+//! # CUDA version
+//!
+//! cudarc is built with `cuda-12080`: the 12.8 driver API, which drivers of
+//! CUDA 12.8 and every later version (13.x included) serve. Every driver
+//! symbol used is listed in [`probe::DRIVER_SYMBOLS`] and checked before
+//! first use.
+//!
+//! # Example
+//!
+//! Probing and planning need no GPU:
+//!
+//! ```
+//! use kolo_nccl::{probe, reduce_plan, NcclError};
+//! use kolo_protocol::{DataType, ReduceOp};
+//! use kolo_transport::Scale;
+//!
+//! // Without a driver this is an error saying why, never a panic.
+//! match probe::platform() {
+//!     Ok(p) => println!("{} GPUs, NCCL {}", p.devices, probe::version_string(p.nccl_version)),
+//!     Err(e) => println!("no NCCL here: {e}"),
+//! }
+//!
+//! // A scaled average of f32 over 4 ranks is one PreMulSum by 2 * 0.5 / 4.
+//! let plan = reduce_plan::plan_reduce(DataType::F32, ReduceOp::Average, Scale { prescale: 2.0, postscale: 0.5 }, 4)?;
+//! assert_eq!(plan.kind, reduce_plan::ReduceKind::PreMulSum(0.25));
+//! // Integer averages need a kernel: HostStaging does them on the host.
+//! assert!(reduce_plan::plan_reduce(DataType::I32, ReduceOp::Average, Scale::NONE, 4).is_err());
+//! # Ok::<(), NcclError>(())
+//! ```
+//!
+//! On a machine with two GPUs, one thread per GPU:
+//!
+//! ```no_run
+//! use kolo_nccl::{NcclError, NcclOptions};
+//! use kolo_protocol::ReduceOp;
+//! use kolo_transport::{Scale, Topology};
+//!
+//! let sums = kolo_nccl::threads::run(2, NcclOptions::default(), |comm, _ctrl| {
+//!     let stream = comm.stream().clone();
+//!     let cuda = |e| NcclError::Cuda { call: "copy", message: format!("{e:?}") };
+//!     let mut grad = stream.clone_htod(&[comm.rank() as f32 + 1.0; 4]).map_err(cuda)?;
+//!     comm.all_reduce(&mut grad, ReduceOp::Sum, Scale::NONE)?.wait()?;
+//!     stream.clone_dtoh(&grad).map_err(cuda)
+//! })
+//! .expect("two GPUs");
+//! assert_eq!(sums, vec![vec![3.0f32; 4]; 2]);
+//! ```
+
+pub mod bench;
+mod board;
+mod bootstrap;
+mod comm;
+mod completion;
+mod copy_engine;
+mod device;
+mod driver_ext;
+pub mod error;
+pub mod event_pool;
+mod fusion;
+mod ops;
+mod p2p;
+pub mod plan;
+pub mod probe;
+mod raw_comm;
+pub mod reduce_plan;
+pub mod result;
+mod staging;
+mod staging_tx;
+pub mod sys;
+pub mod threads;
+mod transaction;
+mod tx_execute;
+pub mod widen;
+mod work;
+
+pub use comm::{CopyEngine, Mode, NcclComm, NcclOptions};
+pub use device::Device;
+pub use error::{NcclError, Result};
+pub use fusion::DeviceFusionBuffer;
+pub use ops::DeviceElement;
+pub use raw_comm::Teardown;
+pub use staging::{HostStaging, DEFAULT_CHUNK_BYTES};
+pub use transaction::DeviceTransaction;
+pub use work::Work;

@@ -1,0 +1,222 @@
+//! Point-to-point operations of [`NcclComm`] on device memory: `ncclSend`
+//! / `ncclRecv`, alone or grouped. NCCL matches the sends and receives of a
+//! pair of ranks in issue order; there are no tags.
+
+use crate::comm::NcclComm;
+use crate::error::NcclError;
+use crate::ops::{c_rank, dev, DeviceElement};
+use crate::raw_comm::grouped;
+use crate::result;
+use crate::sys;
+use crate::work::Work;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use kolo_transport::Topology;
+
+impl NcclComm {
+    /// Sends `buf` to `peer` (`ncclSend`). NCCL matches sends and receives
+    /// between two ranks in issue order; there are no tags.
+    pub fn send<T: DeviceElement>(
+        &mut self,
+        buf: &impl DevicePtr<T>,
+        peer: usize,
+    ) -> Result<Work, NcclError> {
+        self.check_device(buf, "send buffer")?;
+        self.check_p2p_peer(peer, "send")?;
+        let bytes = buf.num_bytes();
+        self.run(
+            format!("send of {} {} to rank {peer}", buf.len(), T::DTYPE),
+            |comm| {
+                if bytes == 0 {
+                    return Ok(());
+                }
+                let stream = comm.device.stream().clone();
+                let handle = comm.handle()?;
+                let (ptr, _read) = buf.device_ptr(&stream);
+                // SAFETY: `ptr` holds `bytes` bytes, alive until the stream
+                // reaches the call (cudarc's events); peer checked.
+                unsafe {
+                    result::send(
+                        dev(ptr),
+                        bytes,
+                        sys::dtype::UINT8,
+                        c_rank(peer),
+                        handle,
+                        stream.cu_stream(),
+                    )
+                }
+            },
+        )
+    }
+
+    /// Receives `buf.len()` elements from `peer` (`ncclRecv`).
+    pub fn recv<T: DeviceElement>(
+        &mut self,
+        buf: &mut impl DevicePtrMut<T>,
+        peer: usize,
+    ) -> Result<Work, NcclError> {
+        self.check_device(buf, "recv buffer")?;
+        self.check_p2p_peer(peer, "recv")?;
+        let bytes = buf.num_bytes();
+        self.run(
+            format!("recv of {} {} from rank {peer}", buf.len(), T::DTYPE),
+            |comm| {
+                if bytes == 0 {
+                    return Ok(());
+                }
+                let stream = comm.device.stream().clone();
+                let handle = comm.handle()?;
+                let (ptr, _written) = buf.device_ptr_mut(&stream);
+                // SAFETY: as in `send`.
+                unsafe {
+                    result::recv(
+                        dev(ptr),
+                        bytes,
+                        sys::dtype::UINT8,
+                        c_rank(peer),
+                        handle,
+                        stream.cu_stream(),
+                    )
+                }
+            },
+        )
+    }
+
+    /// Sends `send` to `dst` and receives `recv` from `src` in one group:
+    /// no deadlock when every rank does the same (ring exchanges).
+    pub fn send_recv<T: DeviceElement>(
+        &mut self,
+        send: &impl DevicePtr<T>,
+        dst: usize,
+        recv: &mut impl DevicePtrMut<T>,
+        src: usize,
+    ) -> Result<Work, NcclError> {
+        self.check_device(send, "send buffer")?;
+        self.check_device(recv, "recv buffer")?;
+        self.check_peer(dst, "send_recv destination")?;
+        self.check_peer(src, "send_recv source")?;
+        let (send_bytes, recv_bytes) = (send.num_bytes(), recv.num_bytes());
+        self.run(
+            format!("send_recv of {} {}", send.len(), T::DTYPE),
+            |comm| {
+                let stream = comm.device.stream().clone();
+                let handle = comm.handle()?;
+                let (s, _read) = send.device_ptr(&stream);
+                let (r, _written) = recv.device_ptr_mut(&stream);
+                grouped(|| {
+                    if send_bytes > 0 {
+                        // SAFETY: both buffers hold the byte counts given, alive
+                        // until the stream reaches the group (cudarc's events);
+                        // peers checked.
+                        unsafe {
+                            result::send(
+                                dev(s),
+                                send_bytes,
+                                sys::dtype::UINT8,
+                                c_rank(dst),
+                                handle,
+                                stream.cu_stream(),
+                            )
+                        }?;
+                    }
+                    if recv_bytes > 0 {
+                        // SAFETY: as above.
+                        unsafe {
+                            result::recv(
+                                dev(r),
+                                recv_bytes,
+                                sys::dtype::UINT8,
+                                c_rank(src),
+                                handle,
+                                stream.cu_stream(),
+                            )
+                        }?;
+                    }
+                    Ok(())
+                })
+            },
+        )
+    }
+
+    /// Many sends and receives (buffer, peer) in one NCCL group, always
+    /// through NCCL (also with copy engines on): a point-to-point exchange
+    /// among any subset of ranks, matched per pair in order.
+    pub fn send_recv_many<T: DeviceElement>(
+        &mut self,
+        sends: &[(&CudaSlice<T>, usize)],
+        recvs: &mut [(&mut CudaSlice<T>, usize)],
+    ) -> Result<Work, NcclError> {
+        for (buf, peer) in sends {
+            self.check_device(*buf, "send buffer")?;
+            self.check_peer(*peer, "send")?;
+        }
+        for (buf, peer) in recvs.iter() {
+            self.check_device(*buf, "recv buffer")?;
+            self.check_peer(*peer, "recv")?;
+        }
+        let what = format!(
+            "group of {} sends and {} receives of {}",
+            sends.len(),
+            recvs.len(),
+            T::DTYPE
+        );
+        self.run(what, |comm| {
+            let stream = comm.device.stream().clone();
+            let handle = comm.handle()?;
+            let mut guards = Vec::new();
+            let mut issued = Vec::new();
+            for (buf, peer) in sends {
+                let (ptr, guard) = buf.device_ptr(&stream);
+                guards.push(guard);
+                issued.push((true, ptr, buf.num_bytes(), *peer));
+            }
+            for (buf, peer) in recvs.iter_mut() {
+                let bytes = buf.num_bytes();
+                let (ptr, guard) = buf.device_ptr_mut(&stream);
+                guards.push(guard);
+                issued.push((false, ptr, bytes, *peer));
+            }
+            grouped(|| {
+                for &(is_send, ptr, bytes, peer) in issued.iter().filter(|i| i.2 > 0) {
+                    if is_send {
+                        // SAFETY: `ptr` spans the buffer's `bytes`, alive
+                        // until the stream reaches the group (cudarc's
+                        // events, recorded when `guards` drop); peer checked.
+                        unsafe {
+                            result::send(
+                                dev(ptr),
+                                bytes,
+                                sys::dtype::UINT8,
+                                c_rank(peer),
+                                handle,
+                                stream.cu_stream(),
+                            )
+                        }?;
+                    } else {
+                        // SAFETY: as above.
+                        unsafe {
+                            result::recv(
+                                dev(ptr),
+                                bytes,
+                                sys::dtype::UINT8,
+                                c_rank(peer),
+                                handle,
+                                stream.cu_stream(),
+                            )
+                        }?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn check_p2p_peer(&self, peer: usize, what: &str) -> Result<(), NcclError> {
+        self.check_peer(peer, what)?;
+        if peer == self.rank() {
+            return Err(NcclError::InvalidArgument(format!(
+                "{what} to itself (rank {peer}) outside a group would deadlock; use send_recv or a transaction"
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! One thin function per NCCL call: status codes become
+//! [`NcclError::Nccl`] here and go no further (cudarc's `result` layer,
+//! for the functions of [`crate::sys`]). Functions taking device pointers
+//! or communicators stay `unsafe`; the crate's private `raw_comm` module is
+//! the safe layer.
+
+use crate::error::NcclError;
+use crate::sys::{self, Comm, DataType, NcclResult, RedOp, UniqueId};
+use cudarc::driver::sys::CUstream;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+/// Turns NCCL's status `code` of `call` into a `Result`, with NCCL's own
+/// description of the error.
+fn check(api: &sys::Api, call: &'static str, code: NcclResult) -> Result<(), NcclError> {
+    if code == sys::SUCCESS {
+        return Ok(());
+    }
+    Err(NcclError::Nccl {
+        call,
+        code,
+        message: describe(api, code),
+    })
+}
+
+/// NCCL's text for `code`, followed by its last error message when it has one.
+pub(crate) fn describe(api: &sys::Api, code: NcclResult) -> String {
+    // SAFETY: ncclGetErrorString accepts any code and returns a pointer to a
+    // static NUL-terminated string.
+    let text = unsafe { c_text((api.get_error_string)(code)) };
+    // SAFETY: ncclGetLastError ignores its argument (NULL is documented as
+    // valid) and returns a NUL-terminated thread-local string or NULL.
+    let last = unsafe { c_text((api.get_last_error)(std::ptr::null_mut())) };
+    if last.is_empty() {
+        text
+    } else {
+        format!("{text}: {last}")
+    }
+}
+
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+unsafe fn c_text(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    unsafe { CStr::from_ptr(p) }
+        .to_string_lossy()
+        .trim()
+        .to_string()
+}
+
+/// `ncclGetVersion`: e.g. 22803 for 2.28.3.
+pub fn version() -> Result<i32, NcclError> {
+    let api = sys::api()?;
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid out-pointer for the duration of the call.
+    check(api, "ncclGetVersion", unsafe { (api.get_version)(&mut v) })?;
+    Ok(v)
+}
+
+/// `ncclGetUniqueId`.
+pub fn unique_id() -> Result<UniqueId, NcclError> {
+    let api = sys::api()?;
+    let mut id = UniqueId {
+        internal: [0; sys::UNIQUE_ID_BYTES],
+    };
+    // SAFETY: `id` is a valid, writable ncclUniqueId.
+    check(api, "ncclGetUniqueId", unsafe {
+        (api.get_unique_id)(&mut id)
+    })?;
+    Ok(id)
+}
+
+/// `ncclCommInitRank` (blocking).
+///
+/// # Safety
+/// The CUDA context of the device this rank uses is current on the calling
+/// thread; every rank of `id` calls this with the same `nranks`.
+pub unsafe fn comm_init_rank(nranks: c_int, id: UniqueId, rank: c_int) -> Result<Comm, NcclError> {
+    let api = sys::api()?;
+    let mut comm: Comm = std::ptr::null_mut();
+    // SAFETY: `comm` is a valid out-pointer; the context precondition is the caller's.
+    check(api, "ncclCommInitRank", unsafe {
+        (api.comm_init_rank)(&mut comm, nranks, id, rank)
+    })?;
+    Ok(comm)
+}
+
+/// `ncclCommFinalize`.
+///
+/// # Safety
+/// `comm` is a live communicator, not used concurrently.
+pub unsafe fn comm_finalize(comm: Comm) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclCommFinalize", unsafe {
+        (api.comm_finalize)(comm)
+    })
+}
+
+/// `ncclCommDestroy`.
+///
+/// # Safety
+/// `comm` is a live communicator, never used again.
+pub unsafe fn comm_destroy(comm: Comm) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclCommDestroy", unsafe { (api.comm_destroy)(comm) })
+}
+
+/// `ncclCommAbort`.
+///
+/// # Safety
+/// `comm` is a live communicator, never used again.
+pub unsafe fn comm_abort(comm: Comm) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclCommAbort", unsafe { (api.comm_abort)(comm) })
+}
+
+/// `ncclCommGetAsyncError`: `Ok(None)` while healthy, `Ok(Some(error))`
+/// once NCCL has recorded an asynchronous failure.
+///
+/// # Safety
+/// `comm` is a live communicator (NCCL allows this query from any thread).
+pub unsafe fn comm_async_error(comm: Comm) -> Result<Option<NcclError>, NcclError> {
+    let api = sys::api()?;
+    let mut state: NcclResult = sys::SUCCESS;
+    // SAFETY: `state` is a valid out-pointer; `comm` per the caller's contract.
+    check(api, "ncclCommGetAsyncError", unsafe {
+        (api.comm_get_async_error)(comm, &mut state)
+    })?;
+    Ok(match state {
+        sys::SUCCESS | sys::IN_PROGRESS => None,
+        code => Some(NcclError::Nccl {
+            call: "asynchronous operation",
+            code,
+            message: describe(api, code),
+        }),
+    })
+}
+
+/// `ncclGroupStart`.
+pub fn group_start() -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: takes no arguments; only opens this thread's group.
+    check(api, "ncclGroupStart", unsafe { (api.group_start)() })
+}
+
+/// `ncclGroupEnd`.
+pub fn group_end() -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: takes no arguments; launches the operations of this thread's
+    // group, whose pointers their enqueuers vouched for.
+    check(api, "ncclGroupEnd", unsafe { (api.group_end)() })
+}
+
+/// `ncclAllReduce`.
+///
+/// # Safety
+/// `send` / `recv` are device memory of `comm`'s device holding `count`
+/// elements of `dtype` (or equal, for in place), alive until the stream
+/// reaches the operation; `op` is valid for `comm`; `stream` is live.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn all_reduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    op: RedOp,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclAllReduce", unsafe {
+        (api.all_reduce)(send, recv, count, dtype, op, comm, stream)
+    })
+}
+
+/// `ncclBroadcast`.
+///
+/// # Safety
+/// As [`all_reduce`]; `send` is read on `root` only.
+pub unsafe fn broadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    root: c_int,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclBroadcast", unsafe {
+        (api.broadcast)(send, recv, count, dtype, root, comm, stream)
+    })
+}
+
+/// `ncclReduce`.
+///
+/// # Safety
+/// As [`all_reduce`]; `recv` is written on `root` only.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn reduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    op: RedOp,
+    root: c_int,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclReduce", unsafe {
+        (api.reduce)(send, recv, count, dtype, op, root, comm, stream)
+    })
+}
+
+/// `ncclAllGather`: `send` holds `count` elements, `recv` `count * nranks`.
+///
+/// # Safety
+/// As [`all_reduce`].
+pub unsafe fn all_gather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclAllGather", unsafe {
+        (api.all_gather)(send, recv, count, dtype, comm, stream)
+    })
+}
+
+/// `ncclReduceScatter`: `send` holds `count * nranks` elements, `recv` `count`.
+///
+/// # Safety
+/// As [`all_reduce`].
+pub unsafe fn reduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    op: RedOp,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclReduceScatter", unsafe {
+        (api.reduce_scatter)(send, recv, count, dtype, op, comm, stream)
+    })
+}
+
+/// `ncclSend`.
+///
+/// # Safety
+/// As [`all_reduce`], for `send` only.
+pub unsafe fn send(
+    buf: *const c_void,
+    count: usize,
+    dtype: DataType,
+    peer: c_int,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclSend", unsafe {
+        (api.send)(buf, count, dtype, peer, comm, stream)
+    })
+}
+
+/// `ncclRecv`.
+///
+/// # Safety
+/// As [`all_reduce`], for `recv` only.
+pub unsafe fn recv(
+    buf: *mut c_void,
+    count: usize,
+    dtype: DataType,
+    peer: c_int,
+    comm: Comm,
+    stream: CUstream,
+) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclRecv", unsafe {
+        (api.recv)(buf, count, dtype, peer, comm, stream)
+    })
+}
+
+/// `ncclRedOpCreatePreMulSum` with a host-immediate scalar: `scalar` holds
+/// one value of `dtype` (its first 2, 4 or 8 bytes).
+///
+/// # Safety
+/// `comm` is a live communicator.
+pub unsafe fn pre_mul_sum(
+    scalar: &mut [u8; 8],
+    dtype: DataType,
+    comm: Comm,
+) -> Result<RedOp, NcclError> {
+    let api = sys::api()?;
+    let mut op: RedOp = 0;
+    // SAFETY: `op` is a valid out-pointer; `scalar` is readable for 8 bytes,
+    // enough for any dtype, and host-immediate scalars are read during the
+    // call only.
+    check(api, "ncclRedOpCreatePreMulSum", unsafe {
+        (api.red_op_create_pre_mul_sum)(
+            &mut op,
+            scalar.as_mut_ptr().cast(),
+            dtype,
+            sys::SCALAR_HOST_IMMEDIATE,
+            comm,
+        )
+    })?;
+    Ok(op)
+}
+
+/// `ncclRedOpDestroy`.
+///
+/// # Safety
+/// `op` was created for the live communicator `comm` and is not used again.
+pub unsafe fn red_op_destroy(op: RedOp, comm: Comm) -> Result<(), NcclError> {
+    let api = sys::api()?;
+    // SAFETY: per the caller's contract.
+    check(api, "ncclRedOpDestroy", unsafe {
+        (api.red_op_destroy)(op, comm)
+    })
+}

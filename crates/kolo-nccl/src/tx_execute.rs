@@ -1,0 +1,316 @@
+//! Executing a [`DeviceTransaction`]: resolve every buffer's address,
+//! issue one NCCL group, the copy-engine round and the destructive
+//! all-to-all steps, then signal.
+
+use crate::copy_engine::Post;
+use crate::error::NcclError;
+use crate::ops::{c_rank, dev};
+use crate::plan;
+use crate::raw_comm::{grouped, PreMulSum, RawComm};
+use crate::reduce_plan::{scalar_bytes, ReduceKind, ReducePlan};
+use crate::result;
+use crate::sys;
+use crate::transaction::{DeviceTransaction, Item};
+use crate::work::Work;
+use cudarc::driver::{sys::CUdeviceptr, CudaEvent, CudaStream, SyncOnDrop};
+use kolo_transport::Topology;
+use std::time::Duration;
+
+/// An item with its device addresses resolved.
+enum Resolved {
+    ReduceScatter {
+        send: u64,
+        recv: u64,
+        count: usize,
+        plan: ReducePlan,
+    },
+    AllGather {
+        send: u64,
+        recv: u64,
+        bytes: usize,
+    },
+    Send {
+        ptr: u64,
+        bytes: usize,
+        peer: usize,
+    },
+    Recv {
+        ptr: u64,
+        bytes: usize,
+        peer: usize,
+    },
+    Destructive {
+        base: u64,
+        block: usize,
+    },
+}
+
+impl DeviceTransaction<'_> {
+    /// Issues everything: one NCCL group, the copy-engine round (thread
+    /// mode with copy engines), the destructive all-to-all steps; in
+    /// thread mode without a copy-engine round, a CPU barrier among the
+    /// threads keeps their launch queues in step (LLMQ). Returns the
+    /// handle of the whole transaction.
+    pub fn execute(self) -> Result<Work, NcclError> {
+        self.execute_inner(None)
+    }
+
+    /// As [`Self::execute`], then records `signal` (an event of this
+    /// device's context) on the communication stream, for the caller's
+    /// stream to wait on.
+    pub fn execute_and_signal(self, signal: &CudaEvent) -> Result<Work, NcclError> {
+        self.execute_inner(Some(signal))
+    }
+
+    fn execute_inner(self, signal: Option<&CudaEvent>) -> Result<Work, NcclError> {
+        let DeviceTransaction { comm, mut items } = self;
+        let what = format!("transaction of {} operations", items.len());
+        let (rank, size) = (comm.rank(), comm.size());
+        comm.run(what, |comm| {
+            let stream = comm.device.stream().clone();
+            let mut guards = Vec::new();
+            let mut resolved = Vec::with_capacity(items.len());
+            for item in items.iter_mut() {
+                resolved.push(resolve(item, rank, &stream, &mut guards));
+            }
+            let use_copy = comm.copy.is_some();
+            let raw = comm.raw()?;
+            let nccl: Vec<&Resolved> = resolved
+                .iter()
+                .filter(|r| match r {
+                    Resolved::ReduceScatter { .. } => true,
+                    Resolved::AllGather { .. } | Resolved::Send { .. } | Resolved::Recv { .. } => {
+                        !use_copy
+                    }
+                    Resolved::Destructive { .. } => false,
+                })
+                .collect();
+            if !nccl.is_empty() {
+                issue_group(raw, &nccl, &stream)?;
+            }
+            if let Some(copy) = &comm.copy {
+                let mut gathers = Vec::new();
+                let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+                for r in &resolved {
+                    match *r {
+                        Resolved::AllGather { send, recv, bytes } => {
+                            gathers.push((send, recv, bytes as u64))
+                        }
+                        Resolved::Send { ptr, bytes, peer } => sends.push(Post {
+                            peer,
+                            ptr,
+                            bytes: bytes as u64,
+                        }),
+                        Resolved::Recv { ptr, bytes, peer } => recvs.push(Post {
+                            peer,
+                            ptr,
+                            bytes: bytes as u64,
+                        }),
+                        _ => {}
+                    }
+                }
+                copy.round(rank, &stream, &gathers, sends, recvs)?;
+            } else if let Some(board) = &comm.board {
+                board.allgather(
+                    rank,
+                    Vec::new(),
+                    comm.options().op_timeout.max(Duration::from_secs(1)),
+                )?;
+            }
+            let destructive: Vec<(u64, usize)> = resolved
+                .iter()
+                .filter_map(|r| match *r {
+                    Resolved::Destructive { base, block } => Some((base, block)),
+                    _ => None,
+                })
+                .collect();
+            let steps = if destructive.is_empty() {
+                Vec::new()
+            } else {
+                plan::destructive_all_to_all(rank, size)
+            };
+            for step in steps {
+                grouped(|| {
+                    for &(base, block) in &destructive {
+                        let send = base + (step.send_slot * block) as u64;
+                        let recv = base + (step.recv_slot * block) as u64;
+                        // SAFETY: both slots lie within the scheduled buffer
+                        // (`size` blocks of `block` bytes), alive until the
+                        // stream reaches the step (cudarc's events).
+                        unsafe {
+                            result::send(
+                                dev(send),
+                                block,
+                                sys::dtype::UINT8,
+                                c_rank(step.dst),
+                                raw.handle(),
+                                stream.cu_stream(),
+                            )
+                        }?;
+                        // SAFETY: as above.
+                        unsafe {
+                            result::recv(
+                                dev(recv),
+                                block,
+                                sys::dtype::UINT8,
+                                c_rank(step.src),
+                                raw.handle(),
+                                stream.cu_stream(),
+                            )
+                        }?;
+                    }
+                    Ok(())
+                })?;
+            }
+            drop(guards);
+            if let Some(signal) = signal {
+                signal
+                    .record(&stream)
+                    .map_err(NcclError::on_cuda("cuEventRecord"))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Resolves `item`'s device addresses; the guards record the buffers'
+/// read / write events when dropped (after everything is enqueued).
+fn resolve<'s>(
+    item: &'s mut Item<'_>,
+    rank: usize,
+    stream: &'s CudaStream,
+    guards: &mut Vec<SyncOnDrop<'s>>,
+) -> Resolved {
+    let mut keep = |(ptr, guard): (CUdeviceptr, SyncOnDrop<'s>)| {
+        guards.push(guard);
+        ptr
+    };
+    match item {
+        Item::ReduceScatter {
+            send,
+            recv,
+            count,
+            elem,
+            plan,
+        } => {
+            let recv_base = keep(recv.ptr_mut(stream));
+            let (send, recv) = match send {
+                Some(send) => (keep(send.ptr(stream)), recv_base),
+                // In place: NCCL's convention recv = send + rank * count.
+                None => (recv_base, recv_base + (rank * *count * *elem) as u64),
+            };
+            Resolved::ReduceScatter {
+                send,
+                recv,
+                count: *count,
+                plan: *plan,
+            }
+        }
+        Item::AllGather { send, recv, bytes } => {
+            let recv = keep(recv.ptr_mut(stream));
+            let send = match send {
+                Some(send) => keep(send.ptr(stream)),
+                None => recv + (rank * *bytes) as u64,
+            };
+            Resolved::AllGather {
+                send,
+                recv,
+                bytes: *bytes,
+            }
+        }
+        Item::Send { buf, bytes, peer } => Resolved::Send {
+            ptr: keep(buf.ptr(stream)),
+            bytes: *bytes,
+            peer: *peer,
+        },
+        Item::Recv { buf, bytes, peer } => Resolved::Recv {
+            ptr: keep(buf.ptr_mut(stream)),
+            bytes: *bytes,
+            peer: *peer,
+        },
+        Item::DestructiveAllToAll { buf, block } => Resolved::Destructive {
+            base: keep(buf.ptr_mut(stream)),
+            block: *block,
+        },
+    }
+}
+
+/// Issues `items` as one NCCL group; PreMulSum operations are created
+/// first and destroyed after the group has ended.
+fn issue_group(raw: &RawComm, items: &[&Resolved], stream: &CudaStream) -> Result<(), NcclError> {
+    let handle = raw.handle();
+    let s = stream.cu_stream();
+    let mut premul = Vec::new();
+    let mut ops = Vec::with_capacity(items.len());
+    for item in items {
+        ops.push(match **item {
+            Resolved::ReduceScatter { plan, .. } => match plan.kind {
+                ReduceKind::Native(op) => op,
+                ReduceKind::PreMulSum(factor) => {
+                    let op = PreMulSum::new(raw, scalar_bytes(plan.dtype, factor), plan.dtype)?;
+                    let id = op.op();
+                    premul.push(op);
+                    id
+                }
+            },
+            _ => sys::op::SUM,
+        });
+    }
+    let out = grouped(|| {
+        for (item, &op) in items.iter().zip(&ops) {
+            match **item {
+                Resolved::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    plan,
+                } => {
+                    // SAFETY: `send` spans `size * count` and `recv` `count`
+                    // elements of this device (checked when scheduled), alive
+                    // until the stream reaches the group; `op` is valid for
+                    // `raw` until after the group ends.
+                    unsafe {
+                        result::reduce_scatter(
+                            dev(send),
+                            dev(recv),
+                            count,
+                            plan.dtype,
+                            op,
+                            handle,
+                            s,
+                        )
+                    }?
+                }
+                Resolved::AllGather { send, recv, bytes } => {
+                    // SAFETY: `send` spans `bytes`, `recv` `size * bytes` (checked).
+                    unsafe {
+                        result::all_gather(
+                            dev(send),
+                            dev(recv),
+                            bytes,
+                            sys::dtype::UINT8,
+                            handle,
+                            s,
+                        )
+                    }?
+                }
+                Resolved::Send { ptr, bytes, peer } => {
+                    // SAFETY: `ptr` spans `bytes` (the buffer's size).
+                    unsafe {
+                        result::send(dev(ptr), bytes, sys::dtype::UINT8, c_rank(peer), handle, s)
+                    }?
+                }
+                Resolved::Recv { ptr, bytes, peer } => {
+                    // SAFETY: `ptr` spans `bytes` (the buffer's size).
+                    unsafe {
+                        result::recv(dev(ptr), bytes, sys::dtype::UINT8, c_rank(peer), handle, s)
+                    }?
+                }
+                Resolved::Destructive { .. } => {}
+            }
+        }
+        Ok(())
+    });
+    drop(premul);
+    out
+}

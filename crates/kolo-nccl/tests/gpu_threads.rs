@@ -1,0 +1,118 @@
+//! Thread mode on real GPUs: one thread per GPU in this process, for 1 and
+//! 2 GPUs (or `--gpus N`, repeatable). Every device operation, transactions,
+//! copy engines and the conformance suite through `HostStaging`. Without a
+//! GPU it prints `skipped: no CUDA device (reason)` and exits 0.
+//!
+//! `--bench` also prints nccl-tests-style bandwidths.
+
+mod gpu;
+
+use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use kolo_nccl::bench::{time_op, BenchOp};
+use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
+use kolo_transport::Topology;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let gpus = match gpu::gpus_or_skip() {
+        Ok(gpus) => gpus,
+        Err(why) => {
+            println!("skipped: no CUDA device ({why})");
+            return;
+        }
+    };
+    let mut wanted: Vec<usize> = args
+        .windows(2)
+        .filter(|w| w[0] == "--gpus")
+        .filter_map(|w| w[1].parse().ok())
+        .collect();
+    if wanted.is_empty() {
+        wanted = vec![1, 2];
+    }
+    let bench = args.iter().any(|a| a == "--bench");
+    let mut ok = true;
+    for n in wanted {
+        if n > gpus {
+            println!("skipped: thread mode on {n} GPUs needs {n}, {gpus} visible");
+            continue;
+        }
+        ok &= run_threads(n, bench);
+    }
+    if !ok {
+        println!("gpu_threads: FAILED");
+        std::process::exit(1);
+    }
+    println!("gpu_threads: all checks passed");
+}
+
+fn run_threads(n: usize, bench: bool) -> bool {
+    println!("== thread mode, {n} GPU(s) ==");
+    let options = NcclOptions {
+        op_timeout: OP_TIMEOUT,
+        teardown_timeout: TEARDOWN_TIMEOUT,
+        ..NcclOptions::default()
+    };
+    let results = kolo_nccl::threads::run(n, options.clone(), |comm, ctrl| {
+        let mut report = Report::new(comm.rank());
+        gpu::run_all(comm, ctrl, &mut report);
+        let copy = NcclOptions {
+            copy_engine: CopyEngine::On,
+            device: Some(comm.device().ordinal()),
+            ..options.clone()
+        };
+        match NcclComm::init(ctrl, copy) {
+            Ok(mut ce) => {
+                transactions::copy_engines(&mut ce, &mut report);
+                if bench {
+                    print_bench(&mut ce, "thread mode, copy engines");
+                }
+                gpu::close(ce, &mut report);
+            }
+            Err(e) => report.check("copy engines: init", Err(e.to_string())),
+        }
+        if bench {
+            print_bench(comm, "thread mode");
+        }
+        Ok(report)
+    });
+    match results {
+        Ok(reports) => {
+            for r in &reports {
+                println!(
+                    "rank {}: {} passed, {} failed",
+                    r.rank,
+                    r.passed,
+                    r.failed.len()
+                );
+                for f in &r.failed {
+                    println!("rank {}:   {f}", r.rank);
+                }
+            }
+            reports.iter().all(Report::ok)
+        }
+        Err(e) => {
+            println!("FAIL thread mode on {n} GPUs: {e}");
+            false
+        }
+    }
+}
+
+/// nccl-tests-style table on rank 0 (every rank runs the operations).
+pub fn print_bench(comm: &mut NcclComm, label: &str) {
+    for op in BenchOp::ALL {
+        for bytes in [8usize, 1 << 20, 16 << 20, 64 << 20, 256 << 20] {
+            match time_op(comm, op, bytes, 5, 20) {
+                Ok(r) if comm.rank() == 0 => println!(
+                    "bench [{label}] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
+                    op.name(),
+                    r.bytes,
+                    r.time.as_secs_f64() * 1e6,
+                    r.algbw,
+                    r.busbw
+                ),
+                Ok(_) => {}
+                Err(e) => println!("rank {}: bench {} {bytes} B failed: {e}", comm.rank(), op.name()),
+            }
+        }
+    }
+}

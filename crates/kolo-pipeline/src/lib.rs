@@ -1,0 +1,1 @@
+//! kolo-pipeline (pipeline work owns this crate).

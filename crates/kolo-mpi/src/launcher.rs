@@ -33,7 +33,9 @@ pub fn mpirun_command(np: usize) -> Command {
             .env("OMPI_MCA_btl", "self,vader,tcp")
             .env("OMPI_MCA_btl_tcp_if_include", "lo")
             .env("OMPI_MCA_oob_tcp_if_include", "lo")
-            .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            // Oversubscribed ranks yield the core while they wait.
+            .env("OMPI_MCA_mpi_yield_when_idle", "1");
     }
     cmd
 }

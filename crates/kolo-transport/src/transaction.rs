@@ -117,13 +117,18 @@ impl<'a, T: Element> Transaction<'a, T> {
     }
 
     /// Runs the transaction on `comm` one operation at a time: collectives in
-    /// scheduled order, then every send, then every receive. Correct for
-    /// backends whose `send` completes without waiting for the receiver
-    /// (buffered / eager sends, as in kolo-threads); a backend without that
-    /// guarantee overrides [`Collectives::execute`].
+    /// scheduled order, then the point-to-point operations. The k-th send
+    /// and the k-th receive that share a tag run together as one
+    /// [`Collectives::sendrecv`] (deadlock-free for the ring and pairwise
+    /// exchanges transactions are made of, even where `send` waits for its
+    /// receiver, as MPI's rendezvous sends do); any sends left over run
+    /// next, then any receives left over — that rest is correct for
+    /// backends whose `send` does not wait for the receiver. A backend with
+    /// native groups (NCCL, MPI's non-blocking calls) overrides
+    /// [`Collectives::execute`].
     pub fn run_default<C: Collectives>(self, comm: &mut C) -> Result<()> {
-        let mut recvs = Vec::new();
         let mut sends = Vec::new();
+        let mut recvs = Vec::new();
         for op in self.ops {
             match op {
                 TxOp::ReduceScatter {
@@ -139,16 +144,27 @@ impl<'a, T: Element> Transaction<'a, T> {
                     let counts = even_counts(recv.len(), send.len(), comm.size())?;
                     comm.allgatherv(send, recv, &counts)?;
                 }
-                s @ TxOp::Send { .. } => sends.push(s),
-                r @ TxOp::Recv { .. } => recvs.push(r),
+                TxOp::Send { buf, peer, tag } => sends.push((buf, peer, tag)),
+                TxOp::Recv { buf, peer, tag } => recvs.push((buf, peer, tag)),
             }
         }
-        for op in sends.into_iter().chain(recvs) {
-            match op {
-                TxOp::Send { buf, peer, tag } => comm.send(buf, peer, tag)?,
-                TxOp::Recv { buf, peer, tag } => comm.recv(buf, peer, tag)?,
-                _ => unreachable!("only point-to-point operations were deferred"),
+        let paired = sends
+            .iter()
+            .zip(&recvs)
+            .take_while(|((_, _, send_tag), (_, _, recv_tag))| send_tag == recv_tag)
+            .count();
+        let mut recvs = recvs.into_iter();
+        for (i, (buf, peer, tag)) in sends.into_iter().enumerate() {
+            if i < paired {
+                if let Some((incoming, src, _)) = recvs.next() {
+                    comm.sendrecv(buf, peer, incoming, src, tag)?;
+                }
+            } else {
+                comm.send(buf, peer, tag)?;
             }
+        }
+        for (buf, peer, tag) in recvs {
+            comm.recv(buf, peer, tag)?;
         }
         Ok(())
     }

@@ -170,13 +170,7 @@ fn harness() -> ExitCode {
         env.extend(job.env.iter().cloned());
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let t0 = Instant::now();
-        let result = mpirun_self(
-            &exe,
-            job.np,
-            ["--role", job.role.name()],
-            &env,
-            JOB_TIMEOUT,
-        );
+        let result = mpirun_self(&exe, job.np, ["--role", job.role.name()], &env, JOB_TIMEOUT);
         println!(
             "# {} (mpirun -np {}): {:.1} s",
             job.name,

@@ -44,18 +44,14 @@ fn text(output: &Output) -> String {
 pub fn suite(job: &str, np: usize, result: &Result<Output, String>) -> Vec<Verdict> {
     let output = match result {
         Ok(output) => output,
-        Err(why) => {
-            return vec![Verdict::new(
-                format!("{job}::mpirun"),
-                Some(why.clone()),
-            )]
-        }
+        Err(why) => return vec![Verdict::new(format!("{job}::mpirun"), Some(why.clone()))],
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut verdicts: Vec<Verdict> = CASES
         .iter()
         .map(|(case, _)| {
-            let failure = case_failure(&stdout, case, np).map(|why| format!("{why}\n{}", text(output)));
+            let failure =
+                case_failure(&stdout, case, np).map(|why| format!("{why}\n{}", text(output)));
             Verdict::new(format!("{job}::{case}"), failure)
         })
         .collect();
@@ -136,12 +132,14 @@ pub fn failure(job: &str, rank: usize, result: &Result<Output, String>) -> Verdi
     let name = format!("{job}::the_job_ends_naming_rank_{rank}");
     let failure = match result {
         Err(why) => Some(why.clone()),
-        Ok(output) if output.status.success() => {
-            Some(format!("mpirun exited 0 although rank {rank} failed\n{}", text(output)))
-        }
-        Ok(output) if !text(output).contains(&format!("rank {rank}")) => {
-            Some(format!("the output does not name rank {rank}\n{}", text(output)))
-        }
+        Ok(output) if output.status.success() => Some(format!(
+            "mpirun exited 0 although rank {rank} failed\n{}",
+            text(output)
+        )),
+        Ok(output) if !text(output).contains(&format!("rank {rank}")) => Some(format!(
+            "the output does not name rank {rank}\n{}",
+            text(output)
+        )),
         Ok(_) => None,
     };
     Verdict::new(name, failure)

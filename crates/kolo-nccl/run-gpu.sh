@@ -5,7 +5,8 @@
 # status is 0 only if every run passed (or was skipped for lack of GPUs).
 #
 #   bash run.sh                 # the checks
-#   BENCH=1 bash run.sh         # plus nccl-tests-style bandwidth tables
+#   BENCH=1 bash run.sh         # plus nccl-tests-style bandwidth tables (8 B
+#                               # to 1 GiB), `small:` latency and `step:` lines
 #   MPIRUN=/opt/openmpi/bin/mpirun bash run.sh
 #   KOLO_NCCL_LIBRARY=/path/to/libnccl.so.2 bash run.sh
 #
@@ -42,7 +43,7 @@ run() {
   echo "== $name: $*"
   "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E 'FAIL|skipped|passed|bench' "$OUT/$name.log" | tail -n 40
+  grep -E 'FAIL|skipped|passed|bench|^small:|^step:' "$OUT/$name.log" | tail -n 120
   echo "== $name: exit $rc (log: $OUT/$name.log)"
   [ "$rc" -eq 0 ] || status=1
 }

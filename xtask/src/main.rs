@@ -183,7 +183,10 @@ fn test_gpu(root: &Path) -> Result<()> {
             .join(", ")
     );
     if total > 60 << 20 {
-        eprintln!("xtask: warning: gpu-dist is over 60 MiB");
+        bail!(
+            "gpu-dist is {} MiB, over the 60 MiB a GPU run can take",
+            total >> 20
+        );
     }
     let gpu_here = Command::new("nvidia-smi")
         .arg("-L")
@@ -192,7 +195,7 @@ fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    bash gpu-dist/run.sh    # logs in ${{OUT:-./gpu-out}}; BENCH=1 adds bandwidth tables",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh    # logs in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());

@@ -1,13 +1,20 @@
-//! Timed operations on device buffers, for kolo-bench's NCCL mode (both
-//! modes: build the [`NcclComm`] however, then call [`time_op`] on every
-//! rank). Bandwidths follow nccl-tests (see `ANCHORS.md`).
+//! Timed operations on device buffers, for kolo-bench's NCCL mode and the
+//! GPU test binaries (both modes: build the [`NcclComm`] however, then
+//! call the same function on every rank): [`time_op`] for nccl-tests-style
+//! bandwidths (see `ANCHORS.md`) over [`SIZES`], [`latency`] for one small
+//! allreduce, [`step`] for a step of many small gradients fused in a
+//! [`DeviceFusionBuffer`] against one allreduce of the same bytes.
 
-use crate::comm::NcclComm;
+use crate::comm::{CopyEngine, NcclComm};
 use crate::error::NcclError;
+use crate::fusion::DeviceFusionBuffer;
 use cudarc::driver::sys::CUevent_flags;
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Scale, Topology};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The sizes of the bandwidth tables: 8 B to 1 GiB.
+pub const SIZES: [usize; 6] = [8, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
 
 /// The operations [`time_op`] measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +141,13 @@ pub fn time_op(
             ),
             BenchOp::Broadcast => comm.broadcast(&mut a, 0),
             BenchOp::SendRecv if n == 1 => comm.flush(),
+            // With copy engines on, point-to-point runs as a transaction
+            // (the path that uses them).
+            BenchOp::SendRecv if comm.copy_engine() == CopyEngine::On => {
+                let mut tx = comm.begin()?;
+                tx.send(&a, right)?.recv(&mut b, left)?;
+                tx.execute()
+            }
             BenchOp::SendRecv => comm.send_recv(&a, right, &mut b, left),
             BenchOp::AllToAll => comm.all_to_allv(&a, &counts, &mut b, &counts),
         }
@@ -176,9 +190,133 @@ pub fn time_op(
     })
 }
 
+/// The median of `samples` (zero when empty).
+pub fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    match samples.len() {
+        0 => Duration::ZERO,
+        n if n % 2 == 1 => samples[n / 2],
+        n => (samples[n / 2 - 1] + samples[n / 2]) / 2,
+    }
+}
+
+/// Host-clock latency of one `bytes` f32 sum allreduce, from the call to
+/// its completion ([`crate::Work::wait`]), median of `iters` after
+/// `warmup`. Collective.
+pub fn latency(
+    comm: &mut NcclComm,
+    bytes: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Duration, NcclError> {
+    let mut buf = comm
+        .stream()
+        .alloc_zeros::<f32>((bytes / 4).max(1))
+        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
+    comm.flush()?.wait()?;
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let start = Instant::now();
+        comm.all_reduce(&mut buf, ReduceOp::Sum, Scale::NONE)?
+            .wait()?;
+        if i >= warmup {
+            samples.push(start.elapsed());
+        }
+    }
+    Ok(median(samples))
+}
+
+/// One training step of `tensors` gradients of `tensor_bytes` each
+/// (f32), three ways, host-clock medians from the first call to the
+/// completion of the last operation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// Gradients per step.
+    pub tensors: usize,
+    /// Bytes per gradient.
+    pub tensor_bytes: usize,
+    /// Packed into a [`DeviceFusionBuffer`], one allreduce, unpacked.
+    pub fused: Duration,
+    /// One allreduce per gradient.
+    pub separate: Duration,
+    /// One allreduce of all the bytes in one buffer (the floor).
+    pub single: Duration,
+}
+
+/// Times [`StepResult`]'s three ways over `iters` steps after `warmup`.
+/// Collective.
+pub fn step(
+    comm: &mut NcclComm,
+    tensors: usize,
+    tensor_bytes: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<StepResult, NcclError> {
+    let stream = comm.stream().clone();
+    let len = (tensor_bytes / 4).max(1);
+    let mut grads = (0..tensors)
+        .map(|_| stream.alloc_zeros::<f32>(len))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
+    let mut whole = stream
+        .alloc_zeros::<f32>(len * tensors)
+        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
+    let mut fusion = DeviceFusionBuffer::new(comm, len * tensors * 4)?;
+    comm.flush()?.wait()?;
+    let mut timed = |run: &mut dyn FnMut(&mut NcclComm) -> Result<(), NcclError>| {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..warmup + iters {
+            let start = Instant::now();
+            run(comm)?;
+            comm.flush()?.wait()?;
+            if i >= warmup {
+                samples.push(start.elapsed());
+            }
+        }
+        Ok::<_, NcclError>(median(samples))
+    };
+    let fused = timed(&mut |comm| {
+        let views: Vec<_> = grads.iter().map(|g| g.slice(..)).collect();
+        let count = fusion.pack(comm, &views)?;
+        drop(views);
+        fusion.all_reduce::<f32>(comm, count, ReduceOp::Sum, Scale::NONE)?;
+        let mut outs: Vec<_> = grads.iter_mut().map(|g| g.slice_mut(..)).collect();
+        fusion.unpack(comm, &mut outs)
+    })?;
+    let separate = timed(&mut |comm| {
+        for g in grads.iter_mut() {
+            comm.all_reduce(g, ReduceOp::Sum, Scale::NONE)?;
+        }
+        Ok(())
+    })?;
+    let single = timed(&mut |comm| {
+        comm.all_reduce(&mut whole, ReduceOp::Sum, Scale::NONE)
+            .map(drop)
+    })?;
+    Ok(StepResult {
+        tensors,
+        tensor_bytes: len * 4,
+        fused,
+        separate,
+        single,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians_of_odd_even_and_empty_samples() {
+        let ms = Duration::from_millis;
+        assert_eq!(median(vec![ms(3), ms(1), ms(2)]), ms(2));
+        assert_eq!(
+            median(vec![ms(4), ms(1), ms(2), ms(3)]),
+            Duration::from_micros(2500)
+        );
+        assert_eq!(median(Vec::new()), Duration::ZERO);
+        assert_eq!(SIZES.last(), Some(&(1 << 30)));
+    }
 
     #[test]
     fn bus_factors_follow_nccl_tests() {

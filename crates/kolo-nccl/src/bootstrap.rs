@@ -79,6 +79,66 @@ pub(crate) fn decode_unique_id(msg: &[u8]) -> Result<sys::UniqueId, NcclError> {
     Ok(id)
 }
 
+/// The wire form of a requested mode (`None`: detect).
+pub(crate) fn mode_code(mode: Option<Mode>) -> u8 {
+    match mode {
+        None => 0,
+        Some(Mode::ProcessPerGpu) => 1,
+        Some(Mode::ThreadPerGpu) => 2,
+    }
+}
+
+/// The mode of a communicator from every rank's `[found rank 0's board,
+/// requested mode]`: the same answer on every rank. Thread mode needs
+/// every rank in this process; without a request it is chosen for two or
+/// more ranks, or one rank with copy engines (one MPI process alone is in
+/// process mode).
+pub(crate) fn choose_mode(
+    statuses: &[Vec<u8>],
+    copy_engine: CopyEngine,
+) -> Result<Mode, NcclError> {
+    let malformed = |rank: usize| NcclError::Bootstrap {
+        rank,
+        message: "sent a malformed mode status".into(),
+    };
+    let mut parsed = Vec::with_capacity(statuses.len());
+    for (rank, s) in statuses.iter().enumerate() {
+        match s.as_slice() {
+            [found, code @ 0..=2] => parsed.push((*found == 1, *code)),
+            _ => return Err(malformed(rank)),
+        }
+    }
+    let requested = parsed.first().map(|&(_, code)| code).unwrap_or(0);
+    if let Some(rank) = parsed.iter().position(|&(_, code)| code != requested) {
+        return Err(NcclError::InvalidArgument(format!(
+            "ranks 0 and {rank} ask for different modes ({} and {})",
+            mode_name(requested),
+            mode_name(parsed[rank].1)
+        )));
+    }
+    let in_process = parsed.iter().all(|&(found, _)| found);
+    match requested {
+        1 => Ok(Mode::ProcessPerGpu),
+        2 if in_process => Ok(Mode::ThreadPerGpu),
+        2 => Err(NcclError::InvalidArgument(format!(
+            "thread mode was requested, but rank {} is not a thread of rank 0's process",
+            parsed.iter().position(|&(found, _)| !found).unwrap_or(0)
+        ))),
+        _ if in_process && (parsed.len() > 1 || copy_engine == CopyEngine::On) => {
+            Ok(Mode::ThreadPerGpu)
+        }
+        _ => Ok(Mode::ProcessPerGpu),
+    }
+}
+
+fn mode_name(code: u8) -> &'static str {
+    match code {
+        1 => "process mode",
+        2 => "thread mode",
+        _ => "detection",
+    }
+}
+
 /// Two ranks of one process on one GPU would deadlock NCCL; copy engines
 /// need thread mode. Every rank sees the same inputs, so all agree.
 pub(crate) fn check_layout(
@@ -151,6 +211,43 @@ mod tests {
             "{e}"
         );
         assert!(decode_unique_id(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn one_process_alone_is_process_mode_unless_asked() {
+        let alone = [vec![1, 0]];
+        assert_eq!(
+            choose_mode(&alone, CopyEngine::Off),
+            Ok(Mode::ProcessPerGpu)
+        );
+        assert_eq!(choose_mode(&alone, CopyEngine::On), Ok(Mode::ThreadPerGpu));
+        let asked = [vec![1, mode_code(Some(Mode::ThreadPerGpu))]];
+        assert_eq!(choose_mode(&asked, CopyEngine::Off), Ok(Mode::ThreadPerGpu));
+        let threads = [vec![1, 0], vec![1, 0]];
+        assert_eq!(
+            choose_mode(&threads, CopyEngine::Off),
+            Ok(Mode::ThreadPerGpu)
+        );
+        let processes = [vec![1, 0], vec![0, 0]];
+        assert_eq!(
+            choose_mode(&processes, CopyEngine::Off),
+            Ok(Mode::ProcessPerGpu)
+        );
+        let forced = [vec![1, 1], vec![1, 1]];
+        assert_eq!(
+            choose_mode(&forced, CopyEngine::Off),
+            Ok(Mode::ProcessPerGpu)
+        );
+    }
+
+    #[test]
+    fn impossible_or_disagreeing_modes_fail_on_every_rank() {
+        let e = choose_mode(&[vec![1, 2], vec![0, 2]], CopyEngine::Off).unwrap_err();
+        assert!(e.to_string().contains("rank 1 is not a thread"), "{e}");
+        let e = choose_mode(&[vec![1, 0], vec![1, 2]], CopyEngine::Off).unwrap_err();
+        assert!(e.to_string().contains("different modes"), "{e}");
+        assert!(choose_mode(&[vec![1]], CopyEngine::Off).is_err());
+        assert!(choose_mode(&[vec![1, 7]], CopyEngine::Off).is_err());
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! any kolo control plane, with its stream, completion thread and teardown.
 
 use crate::board::{self, Board};
-use crate::bootstrap::{agree, check_layout, decode_unique_id, encode_status, id_bytes, u64_from};
+use crate::bootstrap::{
+    agree, check_layout, choose_mode, decode_unique_id, encode_status, id_bytes, mode_code,
+    u64_from,
+};
 use crate::completion::{Completer, Entry};
 use crate::copy_engine::CopyEngines;
 use crate::device::{Device, EventFence};
@@ -51,6 +54,12 @@ pub struct NcclOptions {
     pub op_timeout: Duration,
     /// The bound on draining and finalizing at shutdown.
     pub teardown_timeout: Duration,
+    /// Process or thread mode; `None` detects it: thread mode when every
+    /// rank is a thread of this process and there are two or more ranks
+    /// (or copy engines are requested), process mode otherwise — so one
+    /// MPI process alone is in process mode. [`crate::threads::run`] asks
+    /// for thread mode.
+    pub mode: Option<Mode>,
 }
 
 impl Default for NcclOptions {
@@ -60,6 +69,7 @@ impl Default for NcclOptions {
             copy_engine: CopyEngine::Off,
             op_timeout: Duration::from_secs(300),
             teardown_timeout: Duration::from_secs(10),
+            mode: None,
         }
     }
 }
@@ -131,12 +141,8 @@ impl NcclComm {
         let id = mine.as_ref().map(board::register).unwrap_or(0);
         let id = u64_from(&ctrl.broadcast_bytes(&id.to_le_bytes(), 0)?)?;
         let shared = mine.or_else(|| board::lookup(id));
-        let found = ctrl.allgather_bytes(&[u8::from(shared.is_some())])?;
-        let mode = if found.iter().all(|f| f.as_slice() == [1]) {
-            Mode::ThreadPerGpu
-        } else {
-            Mode::ProcessPerGpu
-        };
+        let found = ctrl.allgather_bytes(&[u8::from(shared.is_some()), mode_code(options.mode)])?;
+        let mode = choose_mode(&found, options.copy_engine)?;
         let board = shared.filter(|_| mode == Mode::ThreadPerGpu);
 
         let ordinals = ctrl
@@ -167,6 +173,7 @@ impl NcclComm {
                 device.context(),
                 &ordinals,
                 options.op_timeout,
+                device.priority(),
             )),
             _ => None,
         }
@@ -220,6 +227,13 @@ impl NcclComm {
         } else {
             CopyEngine::Off
         }
+    }
+
+    /// With copy engines on: per rank, whether this GPU copies from it
+    /// directly (peer access over NVLink or PCIe) rather than through host
+    /// memory staged by the driver. `None` with copy engines off.
+    pub fn copy_engine_direct(&self) -> Option<Vec<bool>> {
+        self.copy.as_ref().map(|c| c.direct().to_vec())
     }
 
     /// The options this communicator was built with.
@@ -329,21 +343,38 @@ impl NcclComm {
         let bound = self.options.teardown_timeout;
         let healthy = !self.health.is_broken() && self.drain(bound).is_ok();
         self.completer.stop();
-        if let Some(board) = &self.board {
-            // Thread mode: finalize together (NCCL may synchronize the ranks
-            // of a process while finalizing), then leave.
-            let together = healthy && board.allgather(self.rank, Vec::new(), bound).is_ok();
-            board.leave(self.rank);
-            if !together {
-                self.health.fail(&NcclError::ShutDown);
+        // Thread mode: every rank finalizes at the same time, each from its
+        // own thread (NCCL may synchronize the ranks of a process while
+        // finalizing); a rank that cannot, leaves at once so the others
+        // abort instead of waiting.
+        let together = match &self.board {
+            Some(board) => healthy && board.allgather(self.rank, Vec::new(), bound).is_ok(),
+            None => healthy,
+        };
+        if !together {
+            if let Some(board) = &self.board {
+                board.leave(self.rank);
             }
+            self.health.fail(&NcclError::ShutDown);
         }
+        // Releasing the peers' contexts leaves one of them current: make
+        // this device's current again for the caller.
         self.copy = None;
-        let healthy = healthy && !self.health.is_broken();
+        let _ = self.device.bind();
+        let healthy = together && !self.health.is_broken();
         let outcome = match self.raw.take() {
             Some(raw) => teardown(raw, self.device.context().clone(), healthy, bound),
             None => Teardown::Aborted,
         };
+        if let (true, Some(board)) = (together, &self.board) {
+            // ...and no rank returns before every rank is done: the last
+            // rank's finalize frees what the process's ranks share and so
+            // synchronizes every device; a rank that ran ahead and queued
+            // work on another communicator, which waits for this one, would
+            // stall it until the bound.
+            let _ = board.allgather(self.rank, Vec::new(), bound);
+            board.leave(self.rank);
+        }
         self.closed = Some(outcome.clone());
         outcome
     }

@@ -1,202 +1,50 @@
 //! Copy-engine collectives for thread mode: all-gather and send/recv as
 //! device-to-device copies between the GPUs of one process
-//! (`cuMemcpyPeerAsync` over NVLink / PCIe with peer access enabled), run
-//! by the DMA engines, leaving the SMs to compute.
+//! (`cuMemcpyPeerAsync` over NVLink / PCIe), run by the DMA engines,
+//! leaving the SMs to compute.
+//!
+//! Direct GPU-to-GPU copies need two grants, made once per communicator:
+//! peer access between the contexts (`cuCtxEnablePeerAccess`, for memory
+//! from `cuMemAlloc`) and access of every peer device to this device's
+//! stream-ordered memory pools (`cuMemPoolSetAccess`, for memory from
+//! `cuMemAllocAsync`, where cudarc allocates). Without the second the
+//! driver silently stages every peer copy through the host (the first
+//! version ran all-gathers at a tenth of the NVLink bandwidth).
 //!
 //! One *round* moves everything of a transaction (or one all-gather):
 //!
 //! 1. record this rank's `ready` event (its buffers are ready) and post its
 //!    pointers, sizes and the event through the [`Board`];
-//! 2. every rank checks every rank's posts (so all reach the same verdict),
-//!    waits on the GPU for its peers' `ready` events, and pulls its data;
-//! 3. record `done`, swap `done` events through the board, and wait on the
-//!    GPU for every peer's `done`: no rank reuses a buffer a peer is still
-//!    reading.
+//! 2. every rank checks every rank's posts (so all reach the same verdict,
+//!    see [`crate::copy_plan`]) and pulls its data: the copies from each
+//!    source rank run on that source's own *lane* (a stream of this rank),
+//!    which waits on the GPU for this rank's and the source's `ready`
+//!    events, so the copies from every peer and the local ones overlap,
+//!    and every GPU pulls at once (both directions of each link busy);
+//! 3. the communication stream waits for every lane, records `done`, the
+//!    ranks swap `done` events through the board, and the stream waits on
+//!    the GPU for every peer's `done`: no rank reuses a buffer a peer is
+//!    still reading. The CPU never waits for the GPU.
 //!
-//! The two events are dedicated to the communicator, not pooled: a rank
+//! The events are dedicated to the communicator, not pooled: a rank
 //! re-records `ready` only after the next board round, which every peer
 //! enters after issuing its waits on the previous record (the same holds
-//! for `done`), so no wait ever sees a later record than intended.
+//! for `done`; a lane's `joined` event is waited on right after it is
+//! recorded), so no wait ever sees a later record than intended.
 
 use crate::board::Board;
+use crate::copy_plan::{plan_pulls, Post, Posts, Pull};
 use crate::driver_ext;
 use crate::error::NcclError;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// One point-to-point buffer posted for a round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Post {
-    pub(crate) peer: usize,
-    pub(crate) ptr: u64,
-    pub(crate) bytes: u64,
-}
-
-/// What one rank posts: its ready event, the send buffers of its
-/// all-gathers (bytes per rank), its sends and its receives.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Posts {
-    pub(crate) ready_event: u64,
-    pub(crate) gathers: Vec<(u64, u64)>,
-    pub(crate) sends: Vec<Post>,
-    pub(crate) recvs: Vec<Post>,
-}
-
-impl Posts {
-    /// Little-endian u64 words: event, then each list as a length and its items.
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut words = vec![self.ready_event, self.gathers.len() as u64];
-        for &(ptr, bytes) in &self.gathers {
-            words.extend([ptr, bytes]);
-        }
-        for list in [&self.sends, &self.recvs] {
-            words.push(list.len() as u64);
-            for p in list {
-                words.extend([p.peer as u64, p.ptr, p.bytes]);
-            }
-        }
-        words.iter().flat_map(|w| w.to_le_bytes()).collect()
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Posts, NcclError> {
-        let bad = || {
-            NcclError::InvalidArgument(format!(
-                "malformed copy-engine post of {} bytes",
-                bytes.len()
-            ))
-        };
-        if bytes.len() % 8 != 0 {
-            return Err(bad());
-        }
-        let mut words = bytes.chunks_exact(8).map(|c| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            u64::from_le_bytes(w)
-        });
-        let mut next = || words.next().ok_or_else(bad);
-        let ready_event = next()?;
-        let mut gathers = Vec::new();
-        for _ in 0..next()? {
-            gathers.push((next()?, next()?));
-        }
-        let mut lists = [Vec::new(), Vec::new()];
-        for list in &mut lists {
-            for _ in 0..next()? {
-                let peer = usize::try_from(next()?).map_err(|_| bad())?;
-                list.push(Post {
-                    peer,
-                    ptr: next()?,
-                    bytes: next()?,
-                });
-            }
-        }
-        let [sends, recvs] = lists;
-        Ok(Posts {
-            ready_event,
-            gathers,
-            sends,
-            recvs,
-        })
-    }
-}
-
-/// One copy this rank makes: `bytes` from `src` (in `src_rank`'s device)
-/// to `dst` (in this rank's).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Pull {
-    pub(crate) src_rank: usize,
-    pub(crate) src: u64,
-    pub(crate) dst: u64,
-    pub(crate) bytes: u64,
-}
-
-/// The copies `rank` makes, given every rank's posts and the receive
-/// buffers of its own all-gathers. Checks every rank's posts the same way
-/// (equal all-gathers, sends matched in order by receives of equal size),
-/// so all ranks agree on an error.
-pub(crate) fn plan_pulls(
-    rank: usize,
-    posts: &[Posts],
-    gather_dsts: &[u64],
-) -> Result<Vec<Pull>, NcclError> {
-    let size = posts.len();
-    let invalid = NcclError::InvalidArgument;
-    let mine = posts
-        .get(rank)
-        .ok_or_else(|| invalid(format!("rank {rank} of {size} posted nothing")))?;
-    let mut pulls = Vec::new();
-    for (g, &(_, bytes)) in mine.gathers.iter().enumerate() {
-        let dst = *gather_dsts
-            .get(g)
-            .ok_or_else(|| invalid(format!("all-gather {g} has no receive buffer")))?;
-        for (p, peer_posts) in posts.iter().enumerate() {
-            match peer_posts.gathers.get(g) {
-                Some(&(src, b)) if b == bytes => pulls.push(Pull {
-                    src_rank: p,
-                    src,
-                    dst: dst + p as u64 * bytes,
-                    bytes,
-                }),
-                Some(&(_, b)) => {
-                    return Err(invalid(format!(
-                        "all-gather {g}: rank {p} contributes {b} bytes but rank {rank} {bytes}"
-                    )))
-                }
-                None => {
-                    return Err(invalid(format!(
-                        "all-gather {g}: rank {p} scheduled only {} all-gathers",
-                        peer_posts.gathers.len()
-                    )))
-                }
-            }
-        }
-    }
-    if posts.iter().any(|p| p.gathers.len() != mine.gathers.len()) {
-        return Err(invalid(
-            "ranks scheduled different numbers of all-gathers".into(),
-        ));
-    }
-    for (d, dst_posts) in posts.iter().enumerate() {
-        for (s, src_posts) in posts.iter().enumerate() {
-            let sends: Vec<&Post> = src_posts.sends.iter().filter(|p| p.peer == d).collect();
-            let recvs: Vec<&Post> = dst_posts.recvs.iter().filter(|p| p.peer == s).collect();
-            if sends.len() != recvs.len() {
-                return Err(invalid(format!(
-                    "rank {s} sends {} messages to rank {d}, which receives {} from it",
-                    sends.len(),
-                    recvs.len()
-                )));
-            }
-            for (i, (send, recv)) in sends.iter().zip(&recvs).enumerate() {
-                if send.bytes != recv.bytes {
-                    return Err(invalid(format!(
-                        "message {i} from rank {s} to rank {d}: {} bytes sent, {} expected",
-                        send.bytes, recv.bytes
-                    )));
-                }
-                if d == rank {
-                    pulls.push(Pull {
-                        src_rank: s,
-                        src: send.ptr,
-                        dst: recv.ptr,
-                        bytes: send.bytes,
-                    });
-                }
-            }
-        }
-    }
-    if let Some(p) = posts
-        .iter()
-        .flat_map(|p| p.sends.iter().chain(&p.recvs))
-        .find(|p| p.peer >= size)
-    {
-        return Err(invalid(format!(
-            "peer {} out of range for {size} ranks",
-            p.peer
-        )));
-    }
-    Ok(pulls)
+/// One stream of this rank that carries the copies from one source rank.
+struct Lane {
+    stream: Arc<CudaStream>,
+    /// Recorded after the lane's copies; the communication stream waits on it.
+    joined: CudaEvent,
 }
 
 /// The thread-mode state for copy-engine rounds.
@@ -204,20 +52,30 @@ pub(crate) struct CopyEngines {
     board: Arc<Board>,
     /// Every rank's context, by rank (this rank's own included).
     peers: Vec<Arc<CudaContext>>,
+    /// One lane per source rank (this rank's own for local copies).
+    lanes: Vec<Lane>,
+    /// Per rank: whether this device reaches its memory directly (peer to
+    /// peer); otherwise the driver stages those copies.
+    direct: Vec<bool>,
     ready: CudaEvent,
     done: CudaEvent,
     timeout: Duration,
 }
 
 impl CopyEngines {
-    /// Retains every peer device's primary context and enables peer access
-    /// from `ctx` where the hardware allows (otherwise copies still work,
-    /// staged by the driver). Leaves `ctx` current.
+    /// Retains every peer device's primary context, enables peer access
+    /// from `ctx` and lets every peer device reach this device's memory
+    /// pools where the hardware allows (otherwise copies still work,
+    /// staged by the driver), and creates one lane per rank at `priority`.
+    /// Leaves `ctx` current. Collective in effect: every rank grants its
+    /// own pools, so the communicator is usable once all ranks returned
+    /// (`NcclComm::init` agrees on that over the control plane).
     pub(crate) fn new(
         board: Arc<Board>,
         ctx: &Arc<CudaContext>,
         ordinals: &[usize],
         timeout: Duration,
+        priority: i32,
     ) -> Result<Self, NcclError> {
         let mut peers = Vec::with_capacity(ordinals.len());
         for &ordinal in ordinals {
@@ -232,24 +90,48 @@ impl CopyEngines {
         }
         ctx.bind_to_thread()
             .map_err(NcclError::on_cuda("cuCtxSetCurrent"))?;
-        for peer in peers.iter().filter(|p| p.ordinal() != ctx.ordinal()) {
-            if driver_ext::can_access_peer(ctx.cu_device(), peer.cu_device())? {
+        let mut readers = Vec::new();
+        let mut direct = vec![true; peers.len()];
+        for (rank, peer) in peers.iter().enumerate() {
+            if peer.ordinal() == ctx.ordinal() {
+                continue;
+            }
+            direct[rank] = driver_ext::can_access_peer(ctx.cu_device(), peer.cu_device())?;
+            if direct[rank] {
                 // SAFETY: `peer` is a live (retained) context and `ctx`, the
                 // one gaining access, is current on this thread.
                 unsafe { driver_ext::enable_peer_access(peer.cu_ctx()) }?;
             }
+            let ordinal = peer.ordinal() as std::ffi::c_int;
+            if driver_ext::can_access_peer(peer.cu_device(), ctx.cu_device())?
+                && !readers.contains(&ordinal)
+            {
+                readers.push(ordinal);
+            }
         }
-        let ready = ctx
-            .new_event(None)
-            .map_err(NcclError::on_cuda("cuEventCreate"))?;
-        let done = ctx
-            .new_event(None)
-            .map_err(NcclError::on_cuda("cuEventCreate"))?;
+        if ctx.has_async_alloc() {
+            driver_ext::share_pools(ctx.cu_device(), &readers)?;
+        }
+        let event = || {
+            ctx.new_event(None)
+                .map_err(NcclError::on_cuda("cuEventCreate"))
+        };
+        let mut lanes = Vec::with_capacity(peers.len());
+        for _ in &peers {
+            lanes.push(Lane {
+                stream: ctx
+                    .new_stream_with_priority(priority)
+                    .map_err(NcclError::on_cuda("cuStreamCreateWithPriority"))?,
+                joined: event()?,
+            });
+        }
         Ok(CopyEngines {
             board,
             peers,
-            ready,
-            done,
+            lanes,
+            direct,
+            ready: event()?,
+            done: event()?,
             timeout,
         })
     }
@@ -299,37 +181,15 @@ impl CopyEngines {
             .collect::<Result<Vec<_>, _>>()?;
         let dsts: Vec<u64> = gathers.iter().map(|&(_, dst, _)| dst).collect();
         let pulls = plan_pulls(rank, &posts, &dsts)?;
-        let own = self.own()?;
-        for (_, peer_posts) in posts.iter().enumerate().filter(|(p, _)| *p != rank) {
-            // SAFETY: the stream is live; the event handle is the peer's
-            // `ready` event, alive while its communicator is (the peer is
-            // inside this round).
-            unsafe {
-                driver_ext::stream_wait(stream.cu_stream(), peer_posts.ready_event as sys::CUevent)
-            }?;
-        }
-        for pull in pulls {
-            if pull.src_rank == rank && pull.src == pull.dst {
-                // In place: this rank's own block is already there.
+        for (source, peer_posts) in posts.iter().enumerate() {
+            let copies: Vec<&Pull> = pulls
+                .iter()
+                .filter(|p| p.src_rank == source && !(source == rank && p.src == p.dst))
+                .collect();
+            if copies.is_empty() {
                 continue;
             }
-            let src_ctx = self.peers.get(pull.src_rank).ok_or_else(|| {
-                NcclError::InvalidArgument(format!("no context for rank {}", pull.src_rank))
-            })?;
-            // SAFETY: `dst` lies in a buffer this rank borrowed for the
-            // operation; `src` in one its owner borrowed and keeps readable
-            // until it has waited for this rank's `done` event; both were
-            // checked to be `bytes` long by `plan_pulls`.
-            unsafe {
-                driver_ext::copy(
-                    own.cu_ctx(),
-                    pull.dst,
-                    src_ctx.cu_ctx(),
-                    pull.src,
-                    pull.bytes as usize,
-                    stream.cu_stream(),
-                )
-            }?;
+            self.pull_from(source, rank, peer_posts.ready_event, &copies, stream)?;
         }
         self.done
             .record(stream)
@@ -345,10 +205,68 @@ impl CopyEngines {
                 .map_err(|_| {
                     NcclError::InvalidArgument(format!("rank {p} posted a malformed done event"))
                 })?;
-            // SAFETY: as for the ready events above.
+            // SAFETY: the stream is live; the handle is the peer's `done`
+            // event, alive while its communicator is (it is inside this
+            // round, and its next `done` record comes after the next board
+            // round).
             unsafe { driver_ext::stream_wait(stream.cu_stream(), handle as sys::CUevent) }?;
         }
         Ok(())
+    }
+
+    /// Issues `copies` from rank `source` on its lane, after this rank's
+    /// and the source's `ready` events; `stream` waits for them.
+    fn pull_from(
+        &self,
+        source: usize,
+        rank: usize,
+        source_ready: u64,
+        copies: &[&Pull],
+        stream: &CudaStream,
+    ) -> Result<(), NcclError> {
+        let missing = || NcclError::InvalidArgument(format!("no lane for rank {source}"));
+        let lane = self.lanes.get(source).ok_or_else(missing)?;
+        let src_ctx = self.peers.get(source).ok_or_else(missing)?;
+        let own = self.own()?;
+        lane.stream
+            .wait(&self.ready)
+            .map_err(NcclError::on_cuda("cuStreamWaitEvent"))?;
+        if source != rank {
+            // SAFETY: the lane is live; the handle is the source's `ready`
+            // event, alive while its communicator is (it is inside this
+            // round).
+            unsafe {
+                driver_ext::stream_wait(lane.stream.cu_stream(), source_ready as sys::CUevent)
+            }?;
+        }
+        for pull in copies {
+            // SAFETY: `dst` lies in a buffer this rank borrowed for the
+            // operation; `src` in one its owner borrowed and keeps readable
+            // until it has waited for this rank's `done` event, which
+            // follows this lane's `joined`; both were checked to be `bytes`
+            // long by `plan_pulls`.
+            unsafe {
+                driver_ext::copy(
+                    own.cu_ctx(),
+                    pull.dst,
+                    src_ctx.cu_ctx(),
+                    pull.src,
+                    pull.bytes as usize,
+                    lane.stream.cu_stream(),
+                )
+            }?;
+        }
+        lane.joined
+            .record(&lane.stream)
+            .map_err(NcclError::on_cuda("cuEventRecord"))?;
+        stream
+            .wait(&lane.joined)
+            .map_err(NcclError::on_cuda("cuStreamWaitEvent"))
+    }
+
+    /// Per rank: whether copies from it go directly GPU to GPU.
+    pub(crate) fn direct(&self) -> &[bool] {
+        &self.direct
     }
 
     fn own(&self) -> Result<&Arc<CudaContext>, NcclError> {
@@ -359,111 +277,5 @@ impl CopyEngines {
             .ok_or_else(|| {
                 NcclError::InvalidArgument("this rank's context is not among its peers".into())
             })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn post(peer: usize, ptr: u64, bytes: u64) -> Post {
-        Post { peer, ptr, bytes }
-    }
-
-    #[test]
-    fn posts_round_trip_and_reject_garbage() {
-        let p = Posts {
-            ready_event: 0xdead,
-            gathers: vec![(0x1000, 64)],
-            sends: vec![post(1, 0x2000, 8)],
-            recvs: vec![post(1, 0x3000, 8), post(0, 0x4000, 16)],
-        };
-        assert_eq!(Posts::decode(&p.encode()).unwrap(), p);
-        assert!(Posts::decode(&[1, 2, 3]).is_err());
-        assert!(Posts::decode(&p.encode()[..40]).is_err());
-    }
-
-    #[test]
-    fn pulls_all_gather_blocks_and_matched_messages() {
-        let posts = vec![
-            Posts {
-                ready_event: 1,
-                gathers: vec![(0xa0, 4)],
-                sends: vec![post(1, 0x10, 8)],
-                recvs: vec![],
-            },
-            Posts {
-                ready_event: 2,
-                gathers: vec![(0xb0, 4)],
-                sends: vec![],
-                recvs: vec![post(0, 0x20, 8)],
-            },
-        ];
-        let pulls = plan_pulls(1, &posts, &[0x900]).unwrap();
-        assert_eq!(
-            pulls,
-            vec![
-                Pull {
-                    src_rank: 0,
-                    src: 0xa0,
-                    dst: 0x900,
-                    bytes: 4
-                },
-                Pull {
-                    src_rank: 1,
-                    src: 0xb0,
-                    dst: 0x904,
-                    bytes: 4
-                },
-                Pull {
-                    src_rank: 0,
-                    src: 0x10,
-                    dst: 0x20,
-                    bytes: 8
-                },
-            ]
-        );
-        // Rank 0 pulls only its own gather blocks.
-        assert_eq!(plan_pulls(0, &posts, &[0x500]).unwrap().len(), 2);
-    }
-
-    #[test]
-    fn every_rank_sees_the_same_mismatch() {
-        let posts = vec![
-            Posts {
-                sends: vec![post(1, 0x10, 8)],
-                ..Posts::default()
-            },
-            Posts {
-                recvs: vec![post(0, 0x20, 4)],
-                ..Posts::default()
-            },
-        ];
-        for rank in 0..2 {
-            let e = plan_pulls(rank, &posts, &[]).unwrap_err();
-            assert!(e.to_string().contains("8 bytes sent, 4 expected"), "{e}");
-        }
-        let unmatched = vec![
-            Posts {
-                sends: vec![post(1, 0x10, 8)],
-                ..Posts::default()
-            },
-            Posts::default(),
-        ];
-        assert!(plan_pulls(1, &unmatched, &[])
-            .unwrap_err()
-            .to_string()
-            .contains("receives 0"));
-        let uneven = vec![
-            Posts {
-                gathers: vec![(1, 4)],
-                ..Posts::default()
-            },
-            Posts {
-                gathers: vec![(2, 8)],
-                ..Posts::default()
-            },
-        ];
-        assert!(plan_pulls(0, &uneven, &[0]).is_err());
     }
 }

@@ -7,8 +7,9 @@ use crate::driver_ext;
 use crate::error::NcclError;
 use crate::event_pool::{Pool, PoolStats};
 use crate::probe;
+use crate::scale::ScaleModule;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Free events kept per device.
 const MAX_IDLE_EVENTS: usize = 256;
@@ -19,6 +20,8 @@ pub struct Device {
     stream: Arc<CudaStream>,
     events: Arc<Pool<CudaEvent>>,
     priority: i32,
+    /// The scale kernels, loaded on first use (or why they could not be).
+    scale: OnceLock<Result<ScaleModule, NcclError>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -58,6 +61,7 @@ impl Device {
                 stream,
                 events: Arc::new(Pool::new(MAX_IDLE_EVENTS)),
                 priority: greatest,
+                scale: OnceLock::new(),
             })
         })
     }
@@ -80,6 +84,15 @@ impl Device {
     /// The stream's priority (lower is more urgent).
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    /// The scale kernels of this device, JIT-compiled into its context on
+    /// the first call (a failure is remembered and returned every time).
+    pub(crate) fn scale_kernels(&self) -> Result<&ScaleModule, NcclError> {
+        self.scale
+            .get_or_init(|| ScaleModule::load(&self.ctx))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Makes this device's context current on the calling thread.

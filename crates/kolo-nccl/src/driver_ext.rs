@@ -2,7 +2,7 @@
 //! not wrap, in that layer's style: one thin function per call, the status
 //! code turned into a `Result` here. Everything else goes through cudarc.
 
-use crate::error::NcclError;
+use crate::error::{driver_message, NcclError};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUevent, CUresult, CUstream};
 
 /// `cuDeviceCanAccessPeer`: can `device` read and write `peer`'s memory
@@ -95,4 +95,93 @@ pub unsafe fn copy(
                 .map_err(NcclError::on_cuda("cuMemcpyPeerAsync"))
         }
     }
+}
+
+/// `cuModuleLoadDataEx` of a PTX `image` into the current context; a JIT
+/// failure carries the JIT's error log.
+///
+/// # Safety
+/// A context is current on this thread.
+pub unsafe fn load_ptx(image: &std::ffi::CStr) -> Result<sys::CUmodule, NcclError> {
+    let mut log = vec![0u8; 8192];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The driver reads option values as pointer-sized words: the buffer's
+    // address, then its size.
+    let mut values = [
+        log.as_mut_ptr().cast::<std::ffi::c_void>(),
+        log.len() as *mut std::ffi::c_void,
+    ];
+    let mut module = std::mem::MaybeUninit::uninit();
+    // SAFETY: `image` is NUL-terminated; the option arrays have 2 entries
+    // and the log buffer outlives the call; per the caller's contract a
+    // context is current.
+    let status = unsafe {
+        sys::cuModuleLoadDataEx(
+            module.as_mut_ptr(),
+            image.as_ptr().cast(),
+            options.len() as std::ffi::c_uint,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    match status {
+        // SAFETY: the driver wrote the module on success.
+        CUresult::CUDA_SUCCESS => Ok(unsafe { module.assume_init() }),
+        other => {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let jit = String::from_utf8_lossy(&log[..end]).trim().to_string();
+            let message = driver_message(cudarc::driver::DriverError(other));
+            Err(NcclError::Cuda {
+                call: "cuModuleLoadDataEx",
+                message: if jit.is_empty() {
+                    message
+                } else {
+                    format!("{message}; JIT log: {jit}")
+                },
+            })
+        }
+    }
+}
+
+/// `cuMemPoolSetAccess`: the devices of ordinals `peers` may read and
+/// write every allocation, present and future, of `device`'s current and
+/// default stream-ordered memory pools (where cudarc allocates). Without
+/// it a copy engine of another GPU cannot reach them directly and the
+/// driver stages peer copies through the host.
+pub fn share_pools(device: CUdevice, peers: &[std::ffi::c_int]) -> Result<(), NcclError> {
+    if peers.is_empty() {
+        return Ok(());
+    }
+    let descs: Vec<sys::CUmemAccessDesc> = peers
+        .iter()
+        .map(|&ordinal| sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect();
+    // SAFETY: `device` is a device handle of the driver.
+    let current = unsafe { cudarc::driver::result::device::get_mem_pool(device) }
+        .map_err(NcclError::on_cuda("cuDeviceGetMemPool"))?;
+    // SAFETY: as above.
+    let default = unsafe { cudarc::driver::result::device::get_default_mem_pool(device) }
+        .map_err(NcclError::on_cuda("cuDeviceGetDefaultMemPool"))?;
+    let pools = if current == default {
+        vec![current]
+    } else {
+        vec![current, default]
+    };
+    for pool in pools {
+        // SAFETY: `pool` is a live pool of `device`; `descs` holds
+        // `descs.len()` valid descriptors of other devices.
+        unsafe { sys::cuMemPoolSetAccess(pool, descs.as_ptr(), descs.len()) }
+            .result()
+            .map_err(NcclError::on_cuda("cuMemPoolSetAccess"))?;
+    }
+    Ok(())
 }

@@ -101,15 +101,10 @@ pub enum NcclError {
 impl NcclError {
     /// A CUDA driver error of `call`.
     pub(crate) fn cuda(call: &'static str, error: DriverError) -> NcclError {
-        let name = error.error_name().map(|n| n.to_string_lossy().into_owned());
-        let text = error
-            .error_string()
-            .map(|s| s.to_string_lossy().into_owned());
-        let message = match (name, text) {
-            (Ok(name), Ok(text)) => format!("{name}: {text}"),
-            _ => format!("{:?}", error.0),
-        };
-        NcclError::Cuda { call, message }
+        NcclError::Cuda {
+            call,
+            message: driver_message(error),
+        }
     }
 
     /// Maps a driver result of `call` into this error type.
@@ -127,6 +122,18 @@ impl From<NcclError> for TransportError {
             NcclError::Control(inner) => inner,
             other => TransportError::Backend(other.to_string()),
         }
+    }
+}
+
+/// The driver's name and text of `error`.
+pub(crate) fn driver_message(error: DriverError) -> String {
+    let name = error.error_name().map(|n| n.to_string_lossy().into_owned());
+    let text = error
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned());
+    match (name, text) {
+        (Ok(name), Ok(text)) => format!("{name}: {text}"),
+        _ => format!("{:?}", error.0),
     }
 }
 

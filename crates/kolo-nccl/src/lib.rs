@@ -18,7 +18,9 @@
 //! asynchronous errors and fails pending work when a peer dies or an
 //! operation outlives [`NcclOptions::op_timeout`]. Dropping a communicator
 //! finalizes it when healthy and aborts it otherwise, within
-//! [`NcclOptions::teardown_timeout`].
+//! [`NcclOptions::teardown_timeout`]; in thread mode the ranks finalize
+//! together and none returns before all are done. The mode is detected
+//! (one process alone is process mode) or given ([`NcclOptions::mode`]).
 //!
 //! [`HostStaging`] serves kolo's host data plane
 //! ([`Collectives`](kolo_transport::Collectives)) through NCCL so the one
@@ -29,11 +31,14 @@
 //!
 //! Sum, min, max and product are native for f32, f64, f16, bf16, i32, i64,
 //! u8, i8 (bool as u8: OR / AND). Float averages use `ncclAvg`; float pre-
-//! and post-scales fold into one `ncclRedOpCreatePreMulSum` factor.
-//! Without a kernel of its own (no nvrtc), the device path reports
-//! [`NcclError::Unsupported`] for integer averages or scales, scaled
-//! min / max / product, and u16 / i16 reductions; [`HostStaging`] covers
-//! all of them with kolo's exact semantics. See [`reduce_plan`].
+//! and post-scales of sums and averages fold into one
+//! `ncclRedOpCreatePreMulSum` factor. Everything else that scales —
+//! integer averages and scales, scaled min / max / product, any scale on
+//! one rank — runs kolo-nccl's own scale kernel before and / or after the
+//! NCCL call, with kolo's element semantics. The kernel is PTX written by
+//! hand ([`scale_ptx`]), JIT-compiled by the driver on first use: no nvrtc
+//! or nvcc. Only u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL
+//! has no such type); [`HostStaging`] covers them. See [`reduce_plan`].
 //!
 //! # CUDA version
 //!
@@ -60,8 +65,11 @@
 //! // A scaled average of f32 over 4 ranks is one PreMulSum by 2 * 0.5 / 4.
 //! let plan = reduce_plan::plan_reduce(DataType::F32, ReduceOp::Average, Scale { prescale: 2.0, postscale: 0.5 }, 4)?;
 //! assert_eq!(plan.kind, reduce_plan::ReduceKind::PreMulSum(0.25));
-//! // Integer averages need a kernel: HostStaging does them on the host.
-//! assert!(reduce_plan::plan_reduce(DataType::I32, ReduceOp::Average, Scale::NONE, 4).is_err());
+//! // An integer average sums in NCCL, then the scale kernel divides.
+//! let plan = reduce_plan::plan_reduce(DataType::I32, ReduceOp::Average, Scale::NONE, 4)?;
+//! assert_eq!(plan.postscale, Some(0.25));
+//! // NCCL has no 16-bit integers.
+//! assert!(reduce_plan::plan_reduce(DataType::I16, ReduceOp::Sum, Scale::NONE, 4).is_err());
 //! # Ok::<(), NcclError>(())
 //! ```
 //!
@@ -89,6 +97,7 @@ mod bootstrap;
 mod comm;
 mod completion;
 mod copy_engine;
+mod copy_plan;
 mod device;
 mod driver_ext;
 pub mod error;
@@ -99,8 +108,11 @@ mod p2p;
 pub mod plan;
 pub mod probe;
 mod raw_comm;
+mod reduce_ops;
 pub mod reduce_plan;
 pub mod result;
+mod scale;
+pub mod scale_ptx;
 mod staging;
 mod staging_tx;
 pub mod sys;

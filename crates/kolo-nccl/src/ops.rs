@@ -5,23 +5,20 @@
 //! writes, through cudarc's per-buffer events) and returns a [`Work`].
 //!
 //! Counts are in elements. Data movement (all-gather, broadcast, send /
-//! recv, alltoallv) moves bytes, so every [`DeviceElement`] works;
-//! reductions follow [`crate::reduce_plan`].
+//! recv, alltoallv) moves bytes, so every [`DeviceElement`] works; the
+//! reductions live in `reduce_ops.rs` and follow [`crate::reduce_plan`].
 
 use crate::comm::NcclComm;
 use crate::error::NcclError;
 use crate::plan;
-use crate::raw_comm::{grouped, PreMulSum, RawComm};
-use crate::reduce_plan::{plan_reduce, scalar_bytes, ReduceKind, ReducePlan};
+use crate::raw_comm::grouped;
 use crate::result;
 use crate::sys;
 use crate::work::Work;
 use cudarc::driver::{
     sys::CUdeviceptr, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, ValidAsZeroBits,
 };
-use kolo_protocol::DataType;
-use kolo_protocol::ReduceOp;
-use kolo_transport::{Element, Scale, Topology};
+use kolo_transport::{Element, Topology};
 use std::ffi::{c_int, c_void};
 
 /// An element kolo can move through NCCL on the device: a kolo
@@ -43,22 +40,6 @@ pub(crate) fn c_rank(r: usize) -> c_int {
     // Ranks were checked against the communicator's size, which fit an int
     // when NCCL accepted it.
     r as c_int
-}
-
-/// Runs `call` with the NCCL operation of `plan`, creating (and destroying
-/// afterwards) a PreMulSum when the plan needs one.
-pub(crate) fn with_op(
-    raw: &RawComm,
-    plan: ReducePlan,
-    call: impl FnOnce(sys::RedOp) -> Result<(), NcclError>,
-) -> Result<(), NcclError> {
-    match plan.kind {
-        ReduceKind::Native(op) => call(op),
-        ReduceKind::PreMulSum(factor) => {
-            let op = PreMulSum::new(raw, scalar_bytes(plan.dtype, factor), plan.dtype)?;
-            call(op.op())
-        }
-    }
 }
 
 impl NcclComm {
@@ -87,112 +68,6 @@ impl NcclComm {
             )));
         }
         Ok(())
-    }
-
-    /// In place: `buf = postscale * op_r(prescale * buf_r)` over all ranks.
-    pub fn all_reduce<T: DeviceElement>(
-        &mut self,
-        buf: &mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<Work, NcclError> {
-        self.check_device(buf, "allreduce buffer")?;
-        let count = buf.len();
-        self.all_reduce_dyn(buf, T::DTYPE, count, op, scale)
-    }
-
-    /// In-place allreduce of `count` elements of the run-time `dtype` held
-    /// in `buf` (whatever its static element type).
-    pub(crate) fn all_reduce_dyn<U>(
-        &mut self,
-        buf: &mut impl DevicePtrMut<U>,
-        dtype: DataType,
-        count: usize,
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<Work, NcclError> {
-        if count * dtype.size() > buf.num_bytes() {
-            return Err(NcclError::InvalidArgument(format!(
-                "allreduce of {count} {dtype} in a buffer of {} bytes",
-                buf.num_bytes()
-            )));
-        }
-        let plan = plan_reduce(dtype, op, scale, self.size())?;
-        self.run(
-            format!("allreduce({}) of {count} {dtype}", op.name()),
-            |comm| {
-                if count == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let raw = comm.raw()?;
-                let (ptr, _written) = buf.device_ptr_mut(&stream);
-                with_op(raw, plan, |op| {
-                    // SAFETY: `ptr` holds at least `count` elements of `dtype`
-                    // (checked) on this device, kept alive until the stream
-                    // reaches the call by cudarc's events (the guard records
-                    // them after it); `op` is valid for `raw`.
-                    unsafe {
-                        result::all_reduce(
-                            dev(ptr),
-                            dev(ptr),
-                            count,
-                            plan.dtype,
-                            op,
-                            raw.handle(),
-                            stream.cu_stream(),
-                        )
-                    }
-                })
-            },
-        )
-    }
-
-    /// Out of place: `recv = op_r(send_r)`, scaled as [`Self::all_reduce`].
-    pub fn all_reduce_into<T: DeviceElement>(
-        &mut self,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<Work, NcclError> {
-        self.check_device(send, "allreduce send buffer")?;
-        self.check_device(recv, "allreduce recv buffer")?;
-        if send.len() != recv.len() {
-            return Err(NcclError::InvalidArgument(format!(
-                "allreduce: send holds {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let plan = plan_reduce(T::DTYPE, op, scale, self.size())?;
-        let count = send.len();
-        self.run(
-            format!("allreduce({}) of {count} {}", op.name(), T::DTYPE),
-            |comm| {
-                if count == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let raw = comm.raw()?;
-                let (s, _read) = send.device_ptr(&stream);
-                let (r, _written) = recv.device_ptr_mut(&stream);
-                with_op(raw, plan, |op| {
-                    // SAFETY: as in `all_reduce`, for both buffers.
-                    unsafe {
-                        result::all_reduce(
-                            dev(s),
-                            dev(r),
-                            count,
-                            plan.dtype,
-                            op,
-                            raw.handle(),
-                            stream.cu_stream(),
-                        )
-                    }
-                })
-            },
-        )
     }
 
     /// The root's `buf` is copied into every rank's `buf`.
@@ -315,104 +190,6 @@ impl NcclComm {
                         }?;
                     }
                     Ok(())
-                })
-            },
-        )
-    }
-
-    /// Reduces every rank's `send` (`sum(counts)` elements) and leaves block
-    /// `rank` (`counts[rank]` elements) in `recv`, scaled as in
-    /// [`Self::all_reduce`]. Even counts use `ncclReduceScatter`, uneven
-    /// ones one grouped `ncclReduce` per block.
-    pub fn reduce_scatter<T: DeviceElement>(
-        &mut self,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
-        counts: &[usize],
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<Work, NcclError> {
-        self.check_device(send, "reduce_scatter send buffer")?;
-        self.check_device(recv, "reduce_scatter recv buffer")?;
-        plan::reduce_scatter(self.rank(), self.size(), send.len(), recv.len(), counts)?;
-        self.reduce_scatter_dyn(send, recv, T::DTYPE, counts, op, scale)
-    }
-
-    /// Reduce-scatter of the run-time `dtype`; `counts` in elements.
-    pub(crate) fn reduce_scatter_dyn<U>(
-        &mut self,
-        send: &impl DevicePtr<U>,
-        recv: &mut impl DevicePtrMut<U>,
-        dtype: DataType,
-        counts: &[usize],
-        op: ReduceOp,
-        scale: Scale,
-    ) -> Result<Work, NcclError> {
-        let elem = dtype.size();
-        // `recv` may be larger than its block (padded staging buffers): it
-        // is checked to hold at least `counts[rank]` elements.
-        let block = counts.get(self.rank()).copied().unwrap_or(0);
-        let offsets = plan::reduce_scatter(
-            self.rank(),
-            self.size(),
-            send.num_bytes() / elem,
-            block.min(recv.num_bytes() / elem),
-            counts,
-        )?;
-        let plan = plan_reduce(dtype, op, scale, self.size())?;
-        let total: usize = counts.iter().sum();
-        self.run(
-            format!("reduce_scatter({}) of {total} {dtype}", op.name()),
-            |comm| {
-                if total == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let raw = comm.raw()?;
-                let (s, _read) = send.device_ptr(&stream);
-                let (r, _written) = recv.device_ptr_mut(&stream);
-                with_op(raw, plan, |op| {
-                    if let Some(count) = plan::even(counts) {
-                        // SAFETY: `s` holds `size * count`, `r` `count` elements
-                        // of this device (checked), alive until the stream
-                        // reaches the call; `op` is valid for `raw`.
-                        return unsafe {
-                            result::reduce_scatter(
-                                dev(s),
-                                dev(r),
-                                count,
-                                plan.dtype,
-                                op,
-                                raw.handle(),
-                                stream.cu_stream(),
-                            )
-                        };
-                    }
-                    grouped(|| {
-                        for (root, (&count, &offset)) in counts
-                            .iter()
-                            .zip(&offsets)
-                            .enumerate()
-                            .filter(|(_, (&c, _))| c > 0)
-                        {
-                            // SAFETY: block `root` of `send` holds `count`
-                            // elements (checked); `r` is written on the root
-                            // only, where it holds `count` elements.
-                            unsafe {
-                                result::reduce(
-                                    dev(s + (offset * elem) as u64),
-                                    dev(r),
-                                    count,
-                                    plan.dtype,
-                                    op,
-                                    c_rank(root),
-                                    raw.handle(),
-                                    stream.cu_stream(),
-                                )
-                            }?;
-                        }
-                        Ok(())
-                    })
                 })
             },
         )

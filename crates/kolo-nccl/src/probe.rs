@@ -47,6 +47,13 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpyPeerAsync",
+    "cuDeviceGetMemPool",
+    "cuDeviceGetDefaultMemPool",
+    "cuMemPoolSetAccess",
+    "cuModuleLoadDataEx",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

@@ -1,19 +1,28 @@
-//! How a reduction of one dtype, operation and scale maps onto NCCL: a
-//! built-in operation, or a `PreMulSum` whose scalar folds every factor in.
-//! Pure functions over data; the device has no kernel of kolo's own (no
-//! nvrtc), so what NCCL cannot express is [`NcclError::Unsupported`].
+//! How a reduction of one dtype, operation and scale maps onto NCCL plus
+//! kolo-nccl's scale kernel ([`crate::scale_ptx`]): a built-in operation
+//! or a `PreMulSum` whose scalar folds every factor in, with the scale
+//! kernel before and / or after where NCCL cannot express the scaling.
+//! Pure functions over data.
 //!
-//! | dtype               | sum / min / max / product | average, pre/post scale        |
-//! |---------------------|---------------------------|--------------------------------|
-//! | f32, f64, f16, bf16 | native                    | sum: `ncclAvg` or PreMulSum¹   |
-//! | u8, i8, i32, i64    | native                    | unsupported (needs a kernel)²  |
-//! | bool                | as u8: OR = max, AND = min | factors ignored unless zero   |
-//! | u16, i16            | unsupported (no NCCL type)² | unsupported²                 |
+//! | dtype               | sum / average                         | min / max / product |
+//! |---------------------|---------------------------------------|---------------------|
+//! | f32, f64, f16, bf16 | `ncclAvg` or one PreMulSum¹           | native, kernels²    |
+//! | u8, i8, i32, i64    | native sum, kernels²                  | native, kernels²    |
+//! | bool                | as u8: OR = max, AND = min; a zero factor clears the result | |
+//! | u16, i16            | unsupported (no NCCL type)³           | unsupported³        |
 //!
 //! ¹ `postscale * sum(prescale * x)` is computed as `sum((prescale *
-//! postscale / n) * x)` in one PreMulSum (for f16 / bf16 the factor is
-//! rounded to the element type); min, max and product with a scale are
-//! unsupported. ² [`crate::HostStaging`] covers these on host buffers.
+//! postscale / n) * x)` in one PreMulSum on two or more ranks (for f16 /
+//! bf16 NCCL rounds the factor to the element type); on one rank as a copy
+//! and one scale kernel, because NCCL's single-rank PreMulSum leaves all
+//! but the first few thousand elements unscaled. ² The scale kernel
+//! applies the prescale to every rank's input and the postscale (divided
+//! by n for averages) to the result with kolo's [`Element::scale`]
+//! semantics (integers in f64, rounded toward zero, saturating), so the
+//! device agrees with the host backends bit for bit. ³ [`crate::HostStaging`]
+//! covers these on host buffers.
+//!
+//! [`Element::scale`]: kolo_transport::Element::scale
 
 use crate::error::NcclError;
 use crate::sys;
@@ -46,13 +55,21 @@ pub enum ReduceKind {
     PreMulSum(f64),
 }
 
-/// A reduction as NCCL will run it.
+/// A reduction as the device runs it: an optional scale kernel on every
+/// rank's input, one NCCL operation, an optional scale kernel on the
+/// result.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReducePlan {
+    /// kolo's element type (what the scale kernels work on).
+    pub elem: DataType,
     /// NCCL's dtype.
     pub dtype: sys::DataType,
-    /// The operation.
+    /// The NCCL operation.
     pub kind: ReduceKind,
+    /// Scale kernel factor applied to the input before NCCL (`None`: none).
+    pub prescale: Option<f64>,
+    /// Scale kernel factor applied to the result after NCCL (`None`: none).
+    pub postscale: Option<f64>,
 }
 
 /// Plans `op` with `scale` over `dtype` on `size` ranks, or says why the
@@ -63,60 +80,76 @@ pub fn plan_reduce(
     scale: Scale,
     size: usize,
 ) -> Result<ReducePlan, NcclError> {
-    let unsupported = |reason: &str| NcclError::Unsupported {
+    let nccl = nccl_dtype(dtype).ok_or_else(|| NcclError::Unsupported {
         op: format!("allreduce({})", op.name()),
         dtype,
-        reason: reason.to_string(),
-    };
-    let nccl = nccl_dtype(dtype).ok_or_else(|| {
-        unsupported("NCCL has no 16-bit integer type; use HostStaging or a 32-bit type")
+        reason: "NCCL has no 16-bit integer type; use HostStaging or a 32-bit type".into(),
     })?;
-    let factor = scale.prescale * scale.postscale_for(op, size);
+    let not_finite = |what: &str, factor: f64| {
+        NcclError::InvalidArgument(format!(
+            "allreduce({}) of {dtype}: the {what} {factor} is not finite",
+            op.name()
+        ))
+    };
+    for (what, factor) in [("prescale", scale.prescale), ("postscale", scale.postscale)] {
+        if !factor.is_finite() {
+            return Err(not_finite(what, factor));
+        }
+    }
+    let plan = |kind, prescale, postscale| {
+        Ok(ReducePlan {
+            elem: dtype,
+            dtype: nccl,
+            kind,
+            prescale,
+            postscale,
+        })
+    };
+    let kernel = |factor: f64| (factor != 1.0).then_some(factor);
+    let post = scale.postscale_for(op, size);
     if dtype == DataType::Bool {
         // kolo's bool: sum = OR, product = AND, min = AND, max = OR; a
-        // nonzero factor leaves a bool unchanged.
-        if scale.prescale == 0.0 || scale.postscale == 0.0 {
-            return Err(unsupported("a zero scale on bool needs a device kernel"));
-        }
+        // zero factor (before or after) leaves false everywhere, any other
+        // leaves a bool unchanged.
         let native = match op {
             ReduceOp::Sum | ReduceOp::Average | ReduceOp::Max => sys::op::MAX,
             ReduceOp::Product | ReduceOp::Min => sys::op::MIN,
         };
-        return Ok(ReducePlan {
-            dtype: nccl,
-            kind: ReduceKind::Native(native),
-        });
+        let cleared = scale.prescale == 0.0 || scale.postscale == 0.0;
+        return plan(ReduceKind::Native(native), None, cleared.then_some(0.0));
     }
-    let native = |native| {
-        Ok(ReducePlan {
-            dtype: nccl,
-            kind: ReduceKind::Native(native),
-        })
-    };
+    let sum = ReduceKind::Native(sys::op::SUM);
     match op {
-        ReduceOp::Sum | ReduceOp::Average if factor == 1.0 => native(sys::op::SUM),
-        ReduceOp::Average if dtype.is_float() && scale.is_identity() => native(sys::op::AVG),
         ReduceOp::Sum | ReduceOp::Average if dtype.is_float() => {
-            if !factor.is_finite() {
-                return Err(NcclError::InvalidArgument(format!(
-                    "allreduce({}) of {dtype}: the scale factor {factor} is not finite",
-                    op.name()
-                )));
+            let factor = scale.prescale * post;
+            if factor == 1.0 {
+                plan(sum, None, None)
+            } else if op == ReduceOp::Average && scale.is_identity() && size > 1 {
+                plan(ReduceKind::Native(sys::op::AVG), None, None)
+            } else if !factor.is_finite() {
+                Err(not_finite("combined scale factor", factor))
+            } else if size > 1 {
+                plan(ReduceKind::PreMulSum(factor), None, None)
+            } else {
+                plan(sum, None, Some(factor))
             }
-            Ok(ReducePlan {
-                dtype: nccl,
-                kind: ReduceKind::PreMulSum(factor),
-            })
         }
-        ReduceOp::Sum | ReduceOp::Average => Err(unsupported(
-            "integer averages and scales round in f64 and need a device kernel; use HostStaging or a float type",
-        )),
-        _ if !scale.is_identity() => Err(unsupported(
-            "min, max and product with a pre/post scale need a device kernel; scale separately",
-        )),
-        ReduceOp::Min => native(sys::op::MIN),
-        ReduceOp::Max => native(sys::op::MAX),
-        ReduceOp::Product => native(sys::op::PROD),
+        ReduceOp::Sum | ReduceOp::Average => plan(sum, kernel(scale.prescale), kernel(post)),
+        ReduceOp::Min => plan(
+            ReduceKind::Native(sys::op::MIN),
+            kernel(scale.prescale),
+            kernel(post),
+        ),
+        ReduceOp::Max => plan(
+            ReduceKind::Native(sys::op::MAX),
+            kernel(scale.prescale),
+            kernel(post),
+        ),
+        ReduceOp::Product => plan(
+            ReduceKind::Native(sys::op::PROD),
+            kernel(scale.prescale),
+            kernel(post),
+        ),
     }
 }
 
@@ -170,10 +203,10 @@ mod tests {
                 (ReduceOp::Max, sys::op::MAX),
                 (ReduceOp::Product, sys::op::PROD),
             ] {
-                assert_eq!(
-                    plan(dtype, op, 1.0, 1.0, 4).unwrap().kind,
-                    ReduceKind::Native(native)
-                );
+                let p = plan(dtype, op, 1.0, 1.0, 4).unwrap();
+                assert_eq!(p.kind, ReduceKind::Native(native));
+                assert_eq!((p.prescale, p.postscale), (None, None));
+                assert_eq!(p.elem, dtype);
             }
         }
         assert_eq!(
@@ -183,19 +216,17 @@ mod tests {
             ReduceKind::Native(sys::op::AVG)
         );
         // An average over one rank is a plain sum, for integers too.
-        assert_eq!(
-            plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 1)
-                .unwrap()
-                .kind,
-            ReduceKind::Native(sys::op::SUM)
-        );
+        let p = plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 1).unwrap();
+        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!(p.postscale, None);
     }
 
     #[test]
-    fn scales_fold_into_one_premulsum_factor() {
+    fn float_scales_fold_into_one_premulsum_factor() {
         let p = plan(DataType::F32, ReduceOp::Average, 2.0, 3.0, 4).unwrap();
         assert_eq!(p.kind, ReduceKind::PreMulSum(1.5));
         assert_eq!(p.dtype, sys::dtype::FLOAT32);
+        assert_eq!((p.prescale, p.postscale), (None, None));
         let p = plan(DataType::F64, ReduceOp::Sum, 0.5, 1.0, 8).unwrap();
         assert_eq!(p.kind, ReduceKind::PreMulSum(0.5));
         // Factors that cancel need no PreMulSum.
@@ -208,24 +239,46 @@ mod tests {
     }
 
     #[test]
+    fn one_rank_scales_with_the_kernel_not_premulsum() {
+        let p = plan(DataType::F32, ReduceOp::Sum, 0.5, 3.0, 1).unwrap();
+        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!((p.prescale, p.postscale), (None, Some(1.5)));
+        let p = plan(DataType::BF16, ReduceOp::Average, 1.0, 2.0, 1).unwrap();
+        assert_eq!((p.prescale, p.postscale), (None, Some(2.0)));
+    }
+
+    #[test]
+    fn integer_and_non_sum_scales_use_the_kernel() {
+        let p = plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 2).unwrap();
+        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!((p.prescale, p.postscale), (None, Some(0.5)));
+        let p = plan(DataType::I64, ReduceOp::Sum, 3.0, 0.5, 4).unwrap();
+        assert_eq!((p.prescale, p.postscale), (Some(3.0), Some(0.5)));
+        let p = plan(DataType::F32, ReduceOp::Max, 2.0, 1.0, 2).unwrap();
+        assert_eq!(p.kind, ReduceKind::Native(sys::op::MAX));
+        assert_eq!((p.prescale, p.postscale), (Some(2.0), None));
+        // Min / max / product are not averages: the postscale is not divided.
+        let p = plan(DataType::U8, ReduceOp::Product, 1.0, 0.5, 4).unwrap();
+        assert_eq!((p.prescale, p.postscale), (None, Some(0.5)));
+    }
+
+    #[test]
     fn names_what_the_device_cannot_do() {
-        let e = plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 2).unwrap_err();
-        assert!(e.to_string().contains("allreduce(average) on i32"), "{e}");
-        let e = plan(DataType::F32, ReduceOp::Max, 2.0, 1.0, 2).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                NcclError::Unsupported {
-                    dtype: DataType::F32,
-                    ..
-                }
-            ),
-            "{e}"
-        );
         let e = plan(DataType::I16, ReduceOp::Sum, 1.0, 1.0, 2).unwrap_err();
         assert!(e.to_string().contains("16-bit"), "{e}");
+        assert!(matches!(
+            e,
+            NcclError::Unsupported {
+                dtype: DataType::I16,
+                ..
+            }
+        ));
         let e = plan(DataType::F32, ReduceOp::Sum, f64::INFINITY, 1.0, 2).unwrap_err();
         assert!(matches!(e, NcclError::InvalidArgument(_)), "{e}");
+        let e = plan(DataType::I32, ReduceOp::Min, 1.0, f64::NAN, 2).unwrap_err();
+        assert!(e.to_string().contains("postscale NaN"), "{e}");
+        let e = plan(DataType::F64, ReduceOp::Sum, 1e300, 1e300, 2).unwrap_err();
+        assert!(e.to_string().contains("combined scale factor"), "{e}");
     }
 
     #[test]
@@ -248,13 +301,11 @@ mod tests {
                 .kind,
             ReduceKind::Native(sys::op::MIN)
         );
-        assert_eq!(
-            plan(DataType::Bool, ReduceOp::Min, 2.0, 5.0, 3)
-                .unwrap()
-                .kind,
-            ReduceKind::Native(sys::op::MIN)
-        );
-        assert!(plan(DataType::Bool, ReduceOp::Max, 0.0, 1.0, 3).is_err());
+        let p = plan(DataType::Bool, ReduceOp::Min, 2.0, 5.0, 3).unwrap();
+        assert_eq!(p.kind, ReduceKind::Native(sys::op::MIN));
+        assert_eq!((p.prescale, p.postscale), (None, None));
+        let p = plan(DataType::Bool, ReduceOp::Max, 0.0, 1.0, 3).unwrap();
+        assert_eq!((p.prescale, p.postscale), (None, Some(0.0)));
     }
 
     #[test]
@@ -278,30 +329,47 @@ mod tests {
     }
 
     proptest! {
+        /// Every plan is a valid NCCL operation whose factors compose to
+        /// kolo's `postscale_for(op) * op(prescale * x)`; only 16-bit
+        /// integers are refused.
         #[test]
-        fn every_plan_is_a_valid_nccl_operation(
+        fn every_plan_composes_to_kolos_scaling(
             dtype in proptest::sample::select(DataType::ALL.to_vec()),
             op in proptest::sample::select(ReduceOp::ALL.to_vec()),
-            pre in prop_oneof![Just(1.0), Just(0.5), Just(2.0)],
+            pre in prop_oneof![Just(1.0), Just(0.5), Just(2.0), Just(0.0)],
             post in prop_oneof![Just(1.0), Just(0.25)],
             size in 1usize..9,
         ) {
+            let scale = Scale { prescale: pre, postscale: post };
             match plan(dtype, op, pre, post, size) {
                 Ok(p) => {
                     prop_assert_eq!(Some(p.dtype), nccl_dtype(dtype));
+                    prop_assert!(p.prescale != Some(1.0) && p.postscale != Some(1.0));
+                    let (k_pre, k_post) = (p.prescale.unwrap_or(1.0), p.postscale.unwrap_or(1.0));
                     match p.kind {
                         ReduceKind::Native(o) => prop_assert!((0..=4).contains(&o)),
                         ReduceKind::PreMulSum(f) => {
-                            prop_assert!(dtype.is_float());
-                            let expected = pre * Scale { prescale: pre, postscale: post }.postscale_for(op, size);
-                            prop_assert_eq!(f, expected);
+                            prop_assert!(dtype.is_float() && size > 1);
+                            prop_assert_eq!(f, pre * scale.postscale_for(op, size));
                         }
                     }
+                    if p.kind == ReduceKind::Native(sys::op::AVG) {
+                        prop_assert!(scale.is_identity() && op == ReduceOp::Average);
+                    } else if dtype == DataType::Bool {
+                        let cleared = pre == 0.0 || post == 0.0;
+                        prop_assert_eq!(k_post, if cleared { 0.0 } else { 1.0 });
+                    } else if dtype.is_float() && matches!(op, ReduceOp::Sum | ReduceOp::Average) {
+                        let folded = match p.kind { ReduceKind::PreMulSum(f) => f, _ => 1.0 };
+                        prop_assert_eq!(k_pre * folded * k_post, pre * scale.postscale_for(op, size));
+                    } else {
+                        prop_assert_eq!((k_pre, k_post), (pre, scale.postscale_for(op, size)));
+                    }
                 }
-                Err(e) => prop_assert!(
-                    matches!(e, NcclError::Unsupported { .. }),
-                    "unexpected error {}", e
-                ),
+                Err(e) => {
+                    prop_assert!(matches!(dtype, DataType::U16 | DataType::I16), "unexpected error {}", e);
+                    let unsupported = matches!(e, NcclError::Unsupported { .. });
+                    prop_assert!(unsupported);
+                }
             }
         }
     }

@@ -193,12 +193,15 @@ impl<'a, C: Controller + ?Sized> HostStaging<'a, C> {
         let mut input = send.to_vec();
         T::scale(&mut input, scale.prescale);
         let (dtype, bytes) = carrier_bytes(&input);
+        let recv_bytes = recv.len() * dtype.size();
+        // Device buffers are at least one byte long; the views hold exactly
+        // the data, so zero counts stay zero.
         let dev_send = self.upload(&bytes)?;
-        let mut dev_recv = self.alloc(recv.len() * dtype.size())?;
+        let mut dev_recv = self.alloc(recv_bytes)?;
         self.comm
             .reduce_scatter_dyn(
-                &dev_send,
-                &mut dev_recv,
+                &dev_send.slice(..bytes.len()),
+                &mut dev_recv.slice_mut(..recv_bytes),
                 dtype,
                 counts,
                 widen::device_op(op),

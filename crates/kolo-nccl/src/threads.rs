@@ -1,7 +1,7 @@
 //! Thread mode in one call: one thread per GPU, each with a kolo-threads
 //! controller and an [`NcclComm`] on device `rank`.
 
-use crate::comm::{NcclComm, NcclOptions};
+use crate::comm::{Mode, NcclComm, NcclOptions};
 use crate::error::NcclError;
 use crate::work::Health;
 use kolo_threads::{RunError, ThreadComm};
@@ -12,7 +12,8 @@ use std::sync::Arc;
 /// `options.device` pins one), and returns the results in rank order.
 ///
 /// Communicators are created with [`NcclComm::init`] over
-/// kolo-threads' controllers. When a rank fails (its `f` returns an error
+/// kolo-threads' controllers, in thread mode unless `options.mode` says
+/// otherwise. When a rank fails (its `f` returns an error
 /// or panics), the other ranks' communicators are marked broken so their
 /// pending GPU work fails promptly instead of waiting out the operation
 /// timeout; the error lists every failed rank, root cause first.
@@ -35,6 +36,7 @@ where
         let rank = kolo_transport::Topology::rank(ctrl);
         let mut opts = options.clone();
         opts.device = opts.device.or(Some(rank));
+        opts.mode = opts.mode.or(Some(Mode::ThreadPerGpu));
         let mut comm = NcclComm::init(ctrl, opts).inspect_err(|e| break_all(rank, e))?;
         healths.lock().push(comm.health.clone());
         let out = f(&mut comm, ctrl);

@@ -136,6 +136,7 @@ impl<'a> DeviceTransaction<'a> {
         self.comm.check_device(recv, "reduce_scatter recv buffer")?;
         self.even("reduce_scatter", send.len(), recv.len())?;
         let plan = plan_reduce(T::DTYPE, op, scale, self.size())?;
+        self.comm.prepare_kernels(&plan)?;
         let count = recv.len();
         self.push(
             Item::ReduceScatter {
@@ -168,6 +169,7 @@ impl<'a> DeviceTransaction<'a> {
             )));
         }
         let plan = plan_reduce(dtype, op, Scale::NONE, self.size())?;
+        self.comm.prepare_kernels(&plan)?;
         self.push(
             Item::ReduceScatter {
                 send: Some(Box::new(Ro(send, PhantomData))),
@@ -193,6 +195,7 @@ impl<'a> DeviceTransaction<'a> {
         let count = buf.len() / self.size();
         self.even("reduce_scatter", buf.len(), count)?;
         let plan = plan_reduce(T::DTYPE, op, scale, self.size())?;
+        self.comm.prepare_kernels(&plan)?;
         self.push(
             Item::ReduceScatter {
                 send: None,

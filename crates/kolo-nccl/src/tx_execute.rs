@@ -2,7 +2,7 @@
 //! issue one NCCL group, the copy-engine round and the destructive
 //! all-to-all steps, then signal.
 
-use crate::copy_engine::Post;
+use crate::copy_plan::Post;
 use crate::error::NcclError;
 use crate::ops::{c_rank, dev};
 use crate::plan;
@@ -23,6 +23,7 @@ enum Resolved {
         recv: u64,
         count: usize,
         plan: ReducePlan,
+        in_place: bool,
     },
     AllGather {
         send: u64,
@@ -73,6 +74,36 @@ impl DeviceTransaction<'_> {
             for item in items.iter_mut() {
                 resolved.push(resolve(item, rank, &stream, &mut guards));
             }
+            // Prescales run before the group (in place, or into scratch
+            // memory freed in stream order after it), postscales after.
+            let mut scratch = Vec::new();
+            for r in resolved.iter_mut() {
+                if let Resolved::ReduceScatter {
+                    send,
+                    count,
+                    plan,
+                    in_place,
+                    ..
+                } = r
+                {
+                    if let Some(factor) = plan.prescale {
+                        let whole = size * *count;
+                        let dst = if *in_place {
+                            *send
+                        } else {
+                            let (buf, ptr) = comm.scratch(whole * plan.elem.size())?;
+                            scratch.push(buf);
+                            ptr
+                        };
+                        // SAFETY: `send` spans `size * count` elements of
+                        // this device (checked when scheduled), as does the
+                        // destination (the same buffer, or scratch of that
+                        // size); both live until the stream reaches the kernel.
+                        unsafe { comm.scale_on_stream(plan.elem, dst, *send, whole, factor) }?;
+                        *send = dst;
+                    }
+                }
+            }
             let use_copy = comm.copy.is_some();
             let raw = comm.raw()?;
             let nccl: Vec<&Resolved> = resolved
@@ -88,6 +119,19 @@ impl DeviceTransaction<'_> {
             if !nccl.is_empty() {
                 issue_group(raw, &nccl, &stream)?;
             }
+            for r in &resolved {
+                if let Resolved::ReduceScatter {
+                    recv, count, plan, ..
+                } = *r
+                {
+                    if let Some(factor) = plan.postscale {
+                        // SAFETY: `recv` spans `count` elements (checked when
+                        // scheduled), alive until the stream reaches the kernel.
+                        unsafe { comm.scale_on_stream(plan.elem, recv, recv, count, factor) }?;
+                    }
+                }
+            }
+            drop(scratch);
             if let Some(copy) = &comm.copy {
                 let mut gathers = Vec::new();
                 let (mut sends, mut recvs) = (Vec::new(), Vec::new());
@@ -194,6 +238,7 @@ fn resolve<'s>(
             plan,
         } => {
             let recv_base = keep(recv.ptr_mut(stream));
+            let send_is_none = send.is_none();
             let (send, recv) = match send {
                 Some(send) => (keep(send.ptr(stream)), recv_base),
                 // In place: NCCL's convention recv = send + rank * count.
@@ -204,6 +249,7 @@ fn resolve<'s>(
                 recv,
                 count: *count,
                 plan: *plan,
+                in_place: send_is_none,
             }
         }
         Item::AllGather { send, recv, bytes } => {
@@ -264,6 +310,7 @@ fn issue_group(raw: &RawComm, items: &[&Resolved], stream: &CudaStream) -> Resul
                     recv,
                     count,
                     plan,
+                    ..
                 } => {
                     // SAFETY: `send` spans `size * count` and `recv` `count`
                     // elements of this device (checked when scheduled), alive

@@ -8,10 +8,9 @@
 
 mod gpu;
 
-use gpu::{Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use gpu::{print_bench, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_mpi::launcher::{mpirun_self, under_mpirun};
 use kolo_mpi::MpiComm;
-use kolo_nccl::bench::{time_op, BenchOp};
 use kolo_nccl::{NcclComm, NcclOptions};
 use kolo_transport::{Controller, Topology};
 use std::time::Duration;
@@ -109,7 +108,7 @@ fn rank_main(bench: bool) -> i32 {
             );
             gpu::run_all(&mut comm, &mut mpi, &mut report);
             if bench {
-                print_bench(&mut comm);
+                print_bench(&mut comm, "process mode");
             }
             gpu::close(comm, &mut report);
         }
@@ -124,23 +123,4 @@ fn rank_main(bench: bool) -> i32 {
         .allgather_bytes(&[u8::from(report.ok())])
         .unwrap_or_default();
     i32::from(!(verdicts.len() == mpi.size() && verdicts.iter().all(|v| v.as_slice() == [1])))
-}
-
-fn print_bench(comm: &mut NcclComm) {
-    for op in BenchOp::ALL {
-        for bytes in [8usize, 1 << 20, 16 << 20, 64 << 20, 256 << 20] {
-            match time_op(comm, op, bytes, 5, 20) {
-                Ok(r) if comm.rank() == 0 => println!(
-                    "bench [process mode] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
-                    op.name(),
-                    r.bytes,
-                    r.time.as_secs_f64() * 1e6,
-                    r.algbw,
-                    r.busbw
-                ),
-                Ok(_) => {}
-                Err(e) => println!("rank {}: bench {} {bytes} B failed: {e}", comm.rank(), op.name()),
-            }
-        }
-    }
 }

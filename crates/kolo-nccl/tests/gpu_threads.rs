@@ -7,8 +7,7 @@
 
 mod gpu;
 
-use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
-use kolo_nccl::bench::{time_op, BenchOp};
+use gpu::{print_bench, transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
 use kolo_transport::Topology;
 
@@ -93,26 +92,6 @@ fn run_threads(n: usize, bench: bool) -> bool {
         Err(e) => {
             println!("FAIL thread mode on {n} GPUs: {e}");
             false
-        }
-    }
-}
-
-/// nccl-tests-style table on rank 0 (every rank runs the operations).
-pub fn print_bench(comm: &mut NcclComm, label: &str) {
-    for op in BenchOp::ALL {
-        for bytes in [8usize, 1 << 20, 16 << 20, 64 << 20, 256 << 20] {
-            match time_op(comm, op, bytes, 5, 20) {
-                Ok(r) if comm.rank() == 0 => println!(
-                    "bench [{label}] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
-                    op.name(),
-                    r.bytes,
-                    r.time.as_secs_f64() * 1e6,
-                    r.algbw,
-                    r.busbw
-                ),
-                Ok(_) => {}
-                Err(e) => println!("rank {}: bench {} {bytes} B failed: {e}", comm.rank(), op.name()),
-            }
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Every device operation of `NcclComm` against a host reference.
 
 use super::{compare, err, factor, to_device, to_host, tolerance, value, Report};
-use cudarc::driver::{CudaContext, CudaStream};
-use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
+use cudarc::driver::CudaStream;
+use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Element, Scale, Topology};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// Element counts of the device checks: one, odd, and 1 Mi elements.
 const COUNTS: [usize; 3] = [1, 1001, 1 << 20];
 
-fn inputs<T: Element>(rank: usize, count: usize, op: ReduceOp) -> Vec<T> {
+pub fn inputs<T: Element>(rank: usize, count: usize, op: ReduceOp) -> Vec<T> {
     (0..count)
         .map(|i| {
             if op == ReduceOp::Product {
@@ -22,18 +22,34 @@ fn inputs<T: Element>(rank: usize, count: usize, op: ReduceOp) -> Vec<T> {
         .collect()
 }
 
-/// The reduction of every rank's inputs, as kolo's kernels compute it.
+/// The reduction of every rank's inputs, as kolo's kernels compute it,
+/// with one factor applied to the result (divided by n for averages).
 fn reference<T: Element>(n: usize, count: usize, op: ReduceOp, factor: f64) -> Vec<T> {
-    let all: Vec<Vec<T>> = (0..n).map(|r| inputs(r, count, op)).collect();
+    reference_scaled(
+        n,
+        count,
+        op,
+        Scale {
+            prescale: 1.0,
+            postscale: factor,
+        },
+    )
+}
+
+/// kolo's scaled reduction: every input times the prescale, reduced, the
+/// result times `postscale_for(op, n)` (what the host backends compute).
+pub fn reference_scaled<T: Element>(n: usize, count: usize, op: ReduceOp, scale: Scale) -> Vec<T> {
+    let all: Vec<Vec<T>> = (0..n)
+        .map(|r| {
+            let mut x = inputs(r, count, op);
+            T::scale(&mut x, scale.prescale);
+            x
+        })
+        .collect();
     let refs: Vec<&[T]> = all.iter().map(Vec::as_slice).collect();
     let mut out = vec![T::default(); count];
     T::reduce_many(&mut out, &refs, op);
-    let f = if op == ReduceOp::Average {
-        factor / n as f64
-    } else {
-        factor
-    };
-    T::scale(&mut out, f);
+    T::scale(&mut out, scale.postscale_for(op, n));
     out
 }
 
@@ -75,7 +91,7 @@ pub fn run<T: DeviceElement>(comm: &mut NcclComm, report: &mut Report) {
         );
         report.check(
             &format!("reduce_scatter(sum) {dt} x{count}"),
-            reduce_scatter::<T>(comm, &stream, &vec![count; comm.size()], 1.0),
+            reduce_scatter::<T>(comm, &stream, &vec![count; comm.size()], Scale::NONE),
         );
     }
     let n = comm.size();
@@ -91,7 +107,7 @@ pub fn run<T: DeviceElement>(comm: &mut NcclComm, report: &mut Report) {
     );
     report.check(
         &format!("reduce_scatter(sum) {dt} {uneven:?}"),
-        reduce_scatter::<T>(comm, &stream, &uneven, 1.0),
+        reduce_scatter::<T>(comm, &stream, &uneven, Scale::NONE),
     );
     report.check(&format!("alltoallv {dt}"), alltoallv::<T>(comm, &stream));
     report.check(
@@ -249,13 +265,12 @@ fn allgatherv<T: DeviceElement>(
     compare(&to_host(stream, &recv, total)?, &want, 0.0)
 }
 
-/// Reduce-scatter with `counts`; `scale_factor` != 1 uses a scaled sum
-/// (prescale 0.5, postscale 2 * factor).
-fn reduce_scatter<T: DeviceElement>(
+/// Scaled sum reduce-scatter with `counts` against kolo's reference.
+pub fn reduce_scatter<T: DeviceElement>(
     comm: &mut NcclComm,
     stream: &Arc<CudaStream>,
     counts: &[usize],
-    scale_factor: f64,
+    scale: Scale,
 ) -> Result<(), String> {
     let (rank, n) = (comm.rank(), comm.size());
     let total: usize = counts.iter().sum();
@@ -263,14 +278,6 @@ fn reduce_scatter<T: DeviceElement>(
     let mut recv = stream
         .alloc_zeros::<T>(counts[rank].max(1))
         .map_err(|e| format!("{e:?}"))?;
-    let scale = if scale_factor == 1.0 {
-        Scale::NONE
-    } else {
-        Scale {
-            prescale: 0.5,
-            postscale: 2.0 * scale_factor,
-        }
-    };
     comm.reduce_scatter(
         &send.slice(..total),
         &mut recv.slice_mut(..counts[rank]),
@@ -283,12 +290,19 @@ fn reduce_scatter<T: DeviceElement>(
     .map_err(err)?;
     let start: usize = counts[..rank].iter().sum();
     let want =
-        reference::<T>(n, total, ReduceOp::Sum, scale_factor)[start..start + counts[rank]].to_vec();
+        reference_scaled::<T>(n, total, ReduceOp::Sum, scale)[start..start + counts[rank]].to_vec();
     compare(
         &to_host(stream, &recv, counts[rank])?,
         &want,
         tolerance::<T>(),
+    )?;
+    // The send buffer is only read, also when scaled.
+    compare(
+        &to_host(stream, &send, total)?,
+        &inputs::<T>(rank, total, ReduceOp::Sum),
+        0.0,
     )
+    .map_err(|e| format!("send buffer changed: {e}"))
 }
 
 fn alltoallv<T: DeviceElement>(
@@ -375,100 +389,4 @@ fn send_then_recv<T: DeviceElement>(
         &inputs::<T>(peer, count, ReduceOp::Sum),
         0.0,
     )
-}
-
-/// Scaled float reductions: PreMulSum and ncclAvg paths.
-pub fn scaled(comm: &mut NcclComm, report: &mut Report) {
-    let stream = comm.stream().clone();
-    report.check(
-        "allreduce(sum) f32 prescale 0.5 postscale 3",
-        scaled_allreduce::<f32>(comm, &stream, ReduceOp::Sum, 0.5, 3.0),
-    );
-    report.check(
-        "allreduce(average) f64 postscale 2",
-        scaled_allreduce::<f64>(comm, &stream, ReduceOp::Average, 1.0, 2.0),
-    );
-    report.check(
-        "allreduce(average) bf16 prescale 0.5",
-        scaled_allreduce::<half::bf16>(comm, &stream, ReduceOp::Average, 0.5, 1.0),
-    );
-    report.check(
-        "allreduce(sum) f16 postscale 0.25",
-        scaled_allreduce::<half::f16>(comm, &stream, ReduceOp::Sum, 1.0, 0.25),
-    );
-    let counts = vec![257; comm.size()];
-    report.check(
-        "reduce_scatter(sum) f32 scaled x1.5",
-        reduce_scatter::<f32>(comm, &stream, &counts, 1.5),
-    );
-}
-
-fn scaled_allreduce<T: DeviceElement>(
-    comm: &mut NcclComm,
-    stream: &Arc<CudaStream>,
-    op: ReduceOp,
-    pre: f64,
-    post: f64,
-) -> Result<(), String> {
-    let count = 4097;
-    let mut dev = to_device(stream, &inputs::<T>(comm.rank(), count, op))?;
-    comm.all_reduce(
-        &mut dev,
-        op,
-        Scale {
-            prescale: pre,
-            postscale: post,
-        },
-    )
-    .map_err(err)?
-    .wait()
-    .map_err(err)?;
-    compare(
-        &to_host(stream, &dev, count)?,
-        &reference::<T>(comm.size(), count, op, pre * post),
-        tolerance::<T>(),
-    )
-}
-
-/// Bad arguments are errors that name the values and leave the
-/// communicator usable.
-pub fn errors(comm: &mut NcclComm, report: &mut Report) {
-    let stream = comm.stream().clone();
-    let outcome = (|| {
-        let send = stream.alloc_zeros::<f32>(4).map_err(|e| format!("{e:?}"))?;
-        let mut recv = stream.alloc_zeros::<f32>(5).map_err(|e| format!("{e:?}"))?;
-        match comm.all_reduce_into(&send, &mut recv, ReduceOp::Sum, Scale::NONE) {
-            Err(NcclError::InvalidArgument(m)) if m.contains("send holds 4 elements, recv 5") => {}
-            other => return Err(format!("mismatched lengths gave {other:?}")),
-        }
-        let mut ints = stream.alloc_zeros::<i32>(4).map_err(|e| format!("{e:?}"))?;
-        match comm.all_reduce(&mut ints, ReduceOp::Average, Scale::NONE) {
-            Err(NcclError::Unsupported { .. }) => {}
-            other => return Err(format!("i32 average gave {other:?}")),
-        }
-        match comm.broadcast(&mut recv, comm.size()) {
-            Err(NcclError::InvalidArgument(_)) => {}
-            other => return Err(format!("root out of range gave {other:?}")),
-        }
-        match comm.send(&send, comm.rank()) {
-            Err(NcclError::InvalidArgument(_)) => {}
-            other => return Err(format!("send to self gave {other:?}")),
-        }
-        if CudaContext::device_count().unwrap_or(1) > 1 {
-            let other =
-                (comm.device().ordinal() + 1) % CudaContext::device_count().unwrap_or(1) as usize;
-            let ctx = CudaContext::new(other).map_err(|e| format!("{e:?}"))?;
-            let mut elsewhere = ctx
-                .default_stream()
-                .alloc_zeros::<f32>(4)
-                .map_err(|e| format!("{e:?}"))?;
-            comm.device().bind().map_err(err)?;
-            match comm.all_reduce(&mut elsewhere, ReduceOp::Sum, Scale::NONE) {
-                Err(NcclError::InvalidArgument(m)) if m.contains("lives on device") => {}
-                other => return Err(format!("a buffer of another device gave {other:?}")),
-            }
-        }
-        comm.check_health().map_err(err)
-    })();
-    report.check("argument errors are reported and harmless", outcome);
 }

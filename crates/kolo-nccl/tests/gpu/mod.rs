@@ -4,10 +4,12 @@
 //! prints one line; [`Report`] counts failures.
 
 pub mod device_ops;
+pub mod scaling;
 pub mod transactions;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use kolo_conformance::{run_suite, SuiteOptions};
+use kolo_nccl::bench::{latency, step, time_op, BenchOp, SIZES};
 use kolo_nccl::{DeviceElement, HostStaging, NcclComm, NcclError, Teardown};
 use kolo_transport::{Controller, Element, Topology};
 use std::sync::Arc;
@@ -141,15 +143,16 @@ pub fn err(e: NcclError) -> String {
 }
 
 /// Every check on `comm` (device operations for f32, f64, f16, bf16, i32;
-/// transactions; the conformance suite through `HostStaging`).
+/// scaled reductions; transactions; the conformance suite through
+/// `HostStaging`).
 pub fn run_all<C: Controller + ?Sized>(comm: &mut NcclComm, ctrl: &mut C, report: &mut Report) {
     device_ops::run::<f32>(comm, report);
     device_ops::run::<f64>(comm, report);
     device_ops::run::<half::f16>(comm, report);
     device_ops::run::<half::bf16>(comm, report);
     device_ops::run::<i32>(comm, report);
-    device_ops::scaled(comm, report);
-    device_ops::errors(comm, report);
+    scaling::scaled(comm, report);
+    scaling::errors(comm, report);
     transactions::run(comm, report);
     let opts = SuiteOptions {
         unordered_p2p: false,
@@ -182,4 +185,48 @@ pub fn close(comm: NcclComm, report: &mut Report) {
             Err(format!("{outcome:?}"))
         },
     );
+}
+
+/// nccl-tests-style table, the small-allreduce latency and the
+/// many-gradients step, printed by rank 0 (every rank runs them).
+pub fn print_bench(comm: &mut NcclComm, label: &str) {
+    let rank = comm.rank();
+    for op in BenchOp::ALL {
+        for bytes in SIZES {
+            let iters = if bytes >= 1 << 30 { 10 } else { 20 };
+            match time_op(comm, op, bytes, 5, iters) {
+                Ok(r) if rank == 0 => println!(
+                    "bench [{label}] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
+                    op.name(),
+                    r.bytes,
+                    r.time.as_secs_f64() * 1e6,
+                    r.algbw,
+                    r.busbw
+                ),
+                Ok(_) => {}
+                Err(e) => println!("rank {rank}: bench {} {bytes} B failed: {e}", op.name()),
+            }
+        }
+    }
+    match latency(comm, 8, 20, 200) {
+        Ok(t) if rank == 0 => println!(
+            "small: [{label}] 8 B allreduce median {:.1} us (call to completion, host clock)",
+            t.as_secs_f64() * 1e6
+        ),
+        Ok(_) => {}
+        Err(e) => println!("rank {rank}: small allreduce failed: {e}"),
+    }
+    match step(comm, 1000, 16 << 10, 3, 10) {
+        Ok(s) if rank == 0 => println!(
+            "step: [{label}] {} x {} KiB fused (pack, one allreduce, unpack) {:.3} ms; separate allreduces {:.2} ms; one {} MiB allreduce {:.3} ms",
+            s.tensors,
+            s.tensor_bytes >> 10,
+            s.fused.as_secs_f64() * 1e3,
+            s.separate.as_secs_f64() * 1e3,
+            (s.tensors * s.tensor_bytes) >> 20,
+            s.single.as_secs_f64() * 1e3
+        ),
+        Ok(_) => {}
+        Err(e) => println!("rank {rank}: step failed: {e}"),
+    }
 }

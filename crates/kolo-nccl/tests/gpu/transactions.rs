@@ -109,6 +109,68 @@ fn out_of_place(comm: &mut NcclComm, count: usize) -> Result<(), String> {
     compare(&to_host(&stream, &all, n * count)?, &want, 0.0).map_err(|e| format!("all-gather: {e}"))
 }
 
+/// Scale kernels inside a transaction: an in-place integer average with a
+/// prescale (the whole buffer is scaled before the group) and an
+/// out-of-place float max with a postscale (the send buffer stays as it
+/// was).
+fn scaled(comm: &mut NcclComm, count: usize) -> Result<(), String> {
+    let (rank, n) = (comm.rank(), comm.size());
+    let stream = comm.stream().clone();
+    let ints: Vec<i32> = block(rank, n * count, 8);
+    let mut ints_dev = to_device(&stream, &ints)?;
+    let floats: Vec<f32> = block(rank, n * count, 9);
+    let floats_dev = to_device(&stream, &floats)?;
+    let mut shard = stream
+        .alloc_zeros::<f32>(count)
+        .map_err(|e| format!("{e:?}"))?;
+    {
+        let mut tx = comm.begin().map_err(err)?;
+        tx.reduce_scatter_in_place(
+            &mut ints_dev,
+            ReduceOp::Average,
+            Scale {
+                prescale: 2.0,
+                postscale: 1.0,
+            },
+        )
+        .map_err(err)?
+        .reduce_scatter(
+            &floats_dev,
+            &mut shard,
+            ReduceOp::Max,
+            Scale {
+                prescale: 1.0,
+                postscale: 0.5,
+            },
+        )
+        .map_err(err)?;
+        tx.execute().map_err(err)?.wait().map_err(err)?;
+    }
+    let mine = rank * count..(rank + 1) * count;
+    let want: Vec<i32> = mine
+        .clone()
+        .map(|i| {
+            let sum = (0..n).fold(0i32, |acc, r| acc.wrapping_add(2 * value::<i32>(r, i, 8)));
+            let mut out = [sum];
+            i32::scale(&mut out, 1.0 / n as f64);
+            out[0]
+        })
+        .collect();
+    let got = to_host(&stream, &ints_dev, n * count)?;
+    compare(&got[mine.clone()], &want, 0.0).map_err(|e| format!("i32 average: {e}"))?;
+    let want: Vec<f32> = mine
+        .map(|i| {
+            (0..n)
+                .map(|r| value::<f32>(r, i, 9))
+                .fold(f32::MIN, f32::max)
+                * 0.5
+        })
+        .collect();
+    compare(&to_host(&stream, &shard, count)?, &want, 0.0).map_err(|e| format!("f32 max: {e}"))?;
+    compare(&to_host(&stream, &floats_dev, n * count)?, &floats, 0.0)
+        .map_err(|e| format!("send buffer changed: {e}"))
+}
+
 /// LLMQ's destructive all-to-all: the block from rank s lands in slot
 /// `destructive_slot(rank, s, n)`.
 fn destructive(comm: &mut NcclComm, count: usize) -> Result<(), String> {
@@ -154,6 +216,10 @@ pub fn run(comm: &mut NcclComm, report: &mut Report) {
             &format!("transaction: destructive all-to-all x{count}"),
             destructive(comm, count),
         );
+        report.check(
+            &format!("transaction: scaled reduce-scatters x{count}"),
+            scaled(comm, count),
+        );
     }
     let empty = comm
         .begin()
@@ -177,6 +243,15 @@ pub fn copy_engines(comm: &mut NcclComm, report: &mut Report) {
         ))
     };
     report.check("copy engines: thread mode with copy engines on", layout);
+    let direct = comm.copy_engine_direct().unwrap_or_default();
+    report.check(
+        "copy engines: every peer reached directly (no host staging)",
+        if direct.iter().all(|&d| d) {
+            Ok(())
+        } else {
+            Err(format!("direct per rank: {direct:?}"))
+        },
+    );
     for count in [1, 4099, 1 << 20] {
         let outcome = (|| {
             let (rank, n) = (comm.rank(), comm.size());

@@ -122,6 +122,6 @@ impl Collectives for ThreadComm {
     /// Sends are buffered, so the default order (collectives, then sends,
     /// then receives) cannot deadlock.
     fn execute<T: Element>(&mut self, tx: Transaction<'_, T>) -> Result<()> {
-        tx.run_default(self)
+        tx.run_buffered(self)
     }
 }

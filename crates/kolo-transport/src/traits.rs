@@ -208,10 +208,12 @@ pub trait Collectives: Topology {
         crate::algorithms::dissemination_barrier(self)
     }
 
-    /// Runs every operation of `tx` as one group: sends and receives inside a
-    /// transaction may be matched in any order without deadlock, collectives
-    /// run in the order scheduled. A backend with native groups (NCCL) issues
-    /// it as one; the default runs it with [`Transaction::run_default`].
+    /// Runs every operation of `tx` as one group: collectives run in the
+    /// order scheduled; sends and receives may be matched in any order
+    /// without deadlock on backends that issue the group natively (NCCL,
+    /// MPI's non-blocking calls) or buffer their sends (kolo-threads). The
+    /// default, [`Transaction::run_default`], guarantees that only for
+    /// exchanges of paired sends and receives; see its documentation.
     fn execute<T: Element>(&mut self, tx: Transaction<'_, T>) -> Result<()>
     where
         Self: Sized,

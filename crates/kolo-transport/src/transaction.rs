@@ -117,16 +117,47 @@ impl<'a, T: Element> Transaction<'a, T> {
     }
 
     /// Runs the transaction on `comm` one operation at a time: collectives in
-    /// scheduled order, then the point-to-point operations. The k-th send
-    /// and the k-th receive that share a tag run together as one
-    /// [`Collectives::sendrecv`] (deadlock-free for the ring and pairwise
-    /// exchanges transactions are made of, even where `send` waits for its
-    /// receiver, as MPI's rendezvous sends do); any sends left over run
-    /// next, then any receives left over — that rest is correct for
-    /// backends whose `send` does not wait for the receiver. A backend with
-    /// native groups (NCCL, MPI's non-blocking calls) overrides
+    /// scheduled order, then the point-to-point operations. When the
+    /// transaction has as many sends as receives and the k-th send and k-th
+    /// receive share a tag (the ring and pairwise exchanges transactions
+    /// are made of), each such pair runs as one [`Collectives::sendrecv`],
+    /// which is deadlock-free even where `send` waits for its receiver (MPI's
+    /// rendezvous sends). Otherwise every send runs, then every receive,
+    /// which needs sends that complete without the receiver. Backends with
+    /// buffered sends use [`Transaction::run_buffered`]; backends with
+    /// native groups (NCCL, MPI's non-blocking calls) override
     /// [`Collectives::execute`].
     pub fn run_default<C: Collectives>(self, comm: &mut C) -> Result<()> {
+        let (sends, recvs) = self.run_collectives(comm)?;
+        let pairable = sends.len() == recvs.len()
+            && sends
+                .iter()
+                .zip(&recvs)
+                .all(|((_, _, a), (_, _, b))| a == b);
+        if !pairable {
+            return run_sends_then_recvs(comm, sends, recvs);
+        }
+        for ((buf, dst, tag), (incoming, src, _)) in sends.into_iter().zip(recvs) {
+            comm.sendrecv(buf, dst, incoming, src, tag)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the transaction for a backend whose `send` never waits for its
+    /// receiver (kolo-threads' buffered mailboxes): collectives in order,
+    /// then every send, then every receive — any matching order works.
+    pub fn run_buffered<C: Collectives>(self, comm: &mut C) -> Result<()> {
+        let (sends, recvs) = self.run_collectives(comm)?;
+        run_sends_then_recvs(comm, sends, recvs)
+    }
+
+    /// Runs the collectives in scheduled order and returns the
+    /// point-to-point operations, sends and receives apart, in order.
+    #[allow(clippy::type_complexity)]
+    fn run_collectives<C: Collectives>(
+        self,
+        comm: &mut C,
+    ) -> Result<(Vec<(&'a [T], usize, u32)>, Vec<(&'a mut [T], usize, u32)>)> {
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
         for op in self.ops {
@@ -148,26 +179,24 @@ impl<'a, T: Element> Transaction<'a, T> {
                 TxOp::Recv { buf, peer, tag } => recvs.push((buf, peer, tag)),
             }
         }
-        let paired = sends
-            .iter()
-            .zip(&recvs)
-            .take_while(|((_, _, send_tag), (_, _, recv_tag))| send_tag == recv_tag)
-            .count();
-        let mut recvs = recvs.into_iter();
-        for (i, (buf, peer, tag)) in sends.into_iter().enumerate() {
-            if i < paired {
-                if let Some((incoming, src, _)) = recvs.next() {
-                    comm.sendrecv(buf, peer, incoming, src, tag)?;
-                }
-            } else {
-                comm.send(buf, peer, tag)?;
-            }
-        }
-        for (buf, peer, tag) in recvs {
-            comm.recv(buf, peer, tag)?;
-        }
-        Ok(())
+        Ok((sends, recvs))
     }
+}
+
+/// Every send, then every receive.
+#[allow(clippy::type_complexity)]
+fn run_sends_then_recvs<C: Collectives, T: Element>(
+    comm: &mut C,
+    sends: Vec<(&[T], usize, u32)>,
+    recvs: Vec<(&mut [T], usize, u32)>,
+) -> Result<()> {
+    for (buf, peer, tag) in sends {
+        comm.send(buf, peer, tag)?;
+    }
+    for (buf, peer, tag) in recvs {
+        comm.recv(buf, peer, tag)?;
+    }
+    Ok(())
 }
 
 /// `size` equal blocks of `part` elements that tile `total`.

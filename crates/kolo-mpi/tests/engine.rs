@@ -180,7 +180,7 @@ fn harness() -> ExitCode {
         let mut job_verdicts = match job.role {
             Role::Suite => {
                 let mut v = outcome::suite(&job.name, job.np, &result);
-                if let Some(output) = result.as_ref().ok() {
+                if let Ok(output) = result.as_ref() {
                     digests.push((job.name.clone(), job.np, outcome::digests(output)));
                 }
                 if job.env.iter().any(|(k, _)| *k == "KOLO_TIMELINE") {

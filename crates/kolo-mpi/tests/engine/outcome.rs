@@ -101,14 +101,14 @@ pub fn digests(output: &Output) -> Vec<(String, usize, String)> {
         .collect()
 }
 
+/// One job's result: its name, its process count, and its digests as
+/// (case, rank, digest).
+pub type JobDigests = (String, usize, Vec<(String, usize, String)>);
+
 /// Whether jobs `a` and `b` (same process count) reported the same result
 /// digests: the cache, fusion and the thread level change how results are
 /// reached, never the results.
-pub fn compare_digests(
-    a: &str,
-    b: &str,
-    jobs: &[(String, usize, Vec<(String, usize, String)>)],
-) -> Verdict {
+pub fn compare_digests(a: &str, b: &str, jobs: &[JobDigests]) -> Verdict {
     let find = |name: &str| jobs.iter().find(|(n, _, _)| n == name);
     let name = format!("{b}::results_identical_to_{a}");
     let failure = match (find(a), find(b)) {

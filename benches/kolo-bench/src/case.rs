@@ -84,6 +84,13 @@ impl<T: Element> Case<T> {
         }
     }
 
+    /// The receive buffer (the in-place buffer of allreduce and
+    /// broadcast), for running the same iteration through another library
+    /// (the `--baseline`).
+    pub fn recv_mut(&mut self) -> &mut [T] {
+        &mut self.recv
+    }
+
     /// How many elements of the result differ from the reference.
     pub fn wrong(&self) -> u64 {
         wrong_elements(&self.spec, self.rank, &self.recv)

@@ -15,10 +15,12 @@ use std::path::PathBuf;
 #[derive(Clone, Debug, Parser)]
 #[command(name = "kolo-bench", version)]
 pub struct Args {
-    /// The backend that runs the ranks.
+    /// The backend that runs the ranks. `mpi` runs one rank per process:
+    /// `mpirun -np 4 kolo-bench --backend mpi ...` (built with
+    /// `--features mpi`).
     #[arg(long, value_enum, default_value_t = BackendKind::Threads)]
     pub backend: BackendKind,
-    /// Number of ranks (threads backend).
+    /// Number of ranks (threads backend; under MPI, `mpirun -np` decides).
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
     /// The collective(s) to measure, comma-separated, or `all`.
@@ -78,6 +80,17 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub cycle_time: Option<f64>,
+    /// mpi backend, direct mode: in every allreduce iteration also time a
+    /// plain `MPI_Allreduce` (in place, through rsmpi's ffi) on an identical
+    /// buffer, alternating which goes first; print its table and the
+    /// comparison.
+    #[arg(long, conflicts_with = "engine")]
+    pub baseline: bool,
+    /// Measure direct mode, then engine mode (one tensor per step), in this
+    /// one run — plus the plain `MPI_Allreduce` baseline on the mpi backend
+    /// — and print per op and size: direct vs MPI, engine minus direct.
+    #[arg(long, conflicts_with = "engine")]
+    pub compare: bool,
     /// No progress line on stderr (it is shown only on a terminal anyway).
     #[arg(long)]
     pub quiet: bool,
@@ -157,6 +170,7 @@ impl Args {
                 ops.push(op);
             }
         }
+        let baseline = self.baseline_wanted(&ops)?;
         Ok(Plan {
             ops,
             dtype: self.dtype,
@@ -165,7 +179,29 @@ impl Args {
             iters: self.iters,
             warmup: self.warmup,
             check: self.checking(),
+            baseline,
         })
+    }
+
+    /// Whether the plain-MPI baseline runs: asked for with `--baseline`
+    /// (an error when it cannot run), or implied by `--compare` on the mpi
+    /// backend when it can.
+    fn baseline_wanted(&self, ops: &[BenchOp]) -> Result<bool, BenchError> {
+        let mpi = self.backend == BackendKind::Mpi;
+        let possible = if !mpi {
+            Err("it needs --backend mpi".to_string())
+        } else if !ops.contains(&BenchOp::Allreduce) {
+            Err("it times MPI_Allreduce: include allreduce in --op".to_string())
+        } else {
+            crate::baseline::supports(self.dtype, self.redop)
+        };
+        match possible {
+            Ok(()) => Ok(self.baseline || self.compare),
+            Err(why) if self.baseline => Err(BenchError::InvalidArgs(format!(
+                "--baseline (a plain MPI_Allreduce): {why}"
+            ))),
+            Err(_) => Ok(false),
+        }
     }
 }
 
@@ -188,6 +224,35 @@ mod tests {
         assert_eq!((plan.sizes[0], *plan.sizes.last().unwrap()), (8, 64 << 20));
         assert_eq!((plan.iters, plan.warmup, plan.check), (20, 5, true));
         assert!(!args.engine && args.json.is_none());
+        assert!(!args.baseline && !args.compare && !plan.baseline);
+    }
+
+    #[test]
+    fn baseline_and_compare() {
+        let plan = |args: &[&str]| parse(args).unwrap().plan();
+        assert!(plan(&["--backend", "mpi", "--baseline"]).unwrap().baseline);
+        assert!(plan(&["--backend", "mpi", "--compare"]).unwrap().baseline);
+        assert!(!plan(&["--compare"]).unwrap().baseline, "threads: no MPI");
+        for (args, named) in [
+            (&["--baseline"][..], "--backend mpi"),
+            (
+                &["--backend", "mpi", "--baseline", "--op", "broadcast"],
+                "allreduce",
+            ),
+            (&["--backend", "mpi", "--baseline", "--dtype", "f16"], "f16"),
+            (
+                &["--backend", "mpi", "--baseline", "--redop", "avg"],
+                "average",
+            ),
+        ] {
+            let err = plan(args).unwrap_err().to_string();
+            assert!(err.contains(named), "{args:?}: {err}");
+        }
+        // --compare keeps going without the baseline when it cannot run.
+        let p = plan(&["--backend", "mpi", "--compare", "--dtype", "bf16"]).unwrap();
+        assert!(!p.baseline);
+        assert!(parse(&["--engine", "--compare"]).is_err());
+        assert!(parse(&["--engine", "--baseline"]).is_err());
     }
 
     #[test]

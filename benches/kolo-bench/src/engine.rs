@@ -68,19 +68,15 @@ pub fn engine_ops(ops: &[BenchOp]) -> Result<Vec<BenchOp>, BenchError> {
     Ok(kept)
 }
 
-/// Runs the sweep on `args.ranks` thread ranks, each with its own engine.
-pub fn run_threads(
-    args: &Args,
+/// `plan` as engine mode runs it: without sendrecv (noted through
+/// `reporter`), with a line saying the engine's settings.
+pub fn engine_plan(
     plan: &Plan,
-    info: &RunInfo,
+    options: &EngineOptions,
     reporter: &Reporter,
-) -> Result<Vec<Row>, BenchError> {
-    let options = EngineOptions::from_args(args)?;
-    let plan = Plan {
-        ops: engine_ops(&plan.ops)?,
-        ..plan.clone()
-    };
-    if plan.ops.len() < args.plan()?.ops.len() {
+) -> Result<Plan, BenchError> {
+    let ops = engine_ops(&plan.ops)?;
+    if ops.len() < plan.ops.len() {
         reporter.print("# sendrecv: skipped (the engine has no send/recv)")?;
     }
     let grouped = if options.grouped {
@@ -93,8 +89,24 @@ pub fn run_threads(
         options.config.fusion_threshold,
         options.config.cycle_time.as_secs_f64() * 1e3
     ))?;
+    Ok(Plan {
+        ops,
+        baseline: false,
+        ..plan.clone()
+    })
+}
+
+/// Runs the sweep on `args.ranks` thread ranks, each with its own engine.
+pub fn run_threads(
+    args: &Args,
+    plan: &Plan,
+    info: &RunInfo,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    let options = EngineOptions::from_args(args)?;
+    let plan = engine_plan(plan, &options, reporter)?;
     let outcomes = kolo::threads::run(args.ranks, options.config.clone(), |kolo| {
-        Ok(with_element_type!(plan.dtype, T => sweep::<T>(kolo, &plan, &options, info, reporter)))
+        Ok(run_rank(kolo, &plan, &options, info, reporter))
     })
     .map_err(|e| BenchError::Launch {
         backend: "threads (engine)",
@@ -114,6 +126,18 @@ pub fn run_threads(
         Some(cause) => Err(errors.swap_remove(cause)),
         None => errors.into_iter().next().map_or(Ok(rows), Err),
     }
+}
+
+/// One rank's whole engine sweep of `plan` (an [`engine_plan`]) on `kolo`,
+/// whatever backend runs it; the rows on rank 0.
+pub fn run_rank(
+    kolo: &Kolo,
+    plan: &Plan,
+    options: &EngineOptions,
+    info: &RunInfo,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    with_element_type!(plan.dtype, T => sweep::<T>(kolo, plan, options, info, reporter))
 }
 
 fn is_echo(error: &BenchError) -> bool {

@@ -49,6 +49,13 @@ pub enum BenchError {
         #[source]
         source: kolo::Error,
     },
+    /// `--backend mpi` in a binary built without the `mpi` feature.
+    #[error(
+        "this kolo-bench was built without MPI: build it with \
+         `cargo build --release -p kolo-bench --features mpi`, then run \
+         `mpirun -np 4 target/release/kolo-bench --backend mpi ...`"
+    )]
+    MpiNotBuilt,
     /// Writing the table or the JSON file failed.
     #[error("writing {path}: {source}")]
     Output {

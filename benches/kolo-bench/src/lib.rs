@@ -9,7 +9,10 @@
 //! elements of the last result differ from a reference computed from the
 //! known per-rank inputs. Direct mode calls a backend's
 //! [`kolo_transport::Collectives`]; engine mode goes through the whole
-//! kolo engine. Backends are [`launcher::Launcher`]s.
+//! kolo engine; `--compare` does both in one run and prints the engine's
+//! extra cost per operation (with the `mpi` feature, `--backend mpi` under
+//! `mpirun`, and a plain `MPI_Allreduce` baseline on the same buffers).
+//! Backends are [`launcher::Launcher`]s.
 //!
 //! ```
 //! use clap::Parser;
@@ -26,8 +29,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod baseline;
 pub mod case;
 pub mod cli;
+pub mod compare;
 pub mod direct;
 pub mod engine;
 pub mod engine_case;
@@ -48,38 +53,74 @@ pub use row::Row;
 use cli::Args;
 use direct::DirectJob;
 use launcher::{BackendKind, Launcher, ThreadsLauncher};
+use plan::Plan;
 use report::Reporter;
 use row::{table_footer, Mode, RunInfo};
 
 /// Runs the benchmark `args` describe, printing through `reporter`, and
-/// returns rank 0's rows (also written to `--json FILE` when given).
+/// returns rank 0's rows (also written to `--json FILE` when given). Under
+/// MPI every process calls it; the other ranks return no rows.
 pub fn run(args: &Args, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
     let plan = args.plan()?;
-    let info = RunInfo {
-        mode: if args.engine {
-            Mode::Engine
-        } else {
-            Mode::Direct
-        },
-        backend: args.backend.name().to_string(),
-        tensors: if args.engine { args.tensors } else { 1 },
-    };
-    let rows = match args.backend {
+    match args.backend {
         BackendKind::Threads => {
-            let launcher = ThreadsLauncher { ranks: args.ranks };
-            if args.engine {
-                engine::run_threads(args, &plan, &info, reporter)?
-            } else {
-                let job = DirectJob {
-                    plan: &plan,
-                    info,
-                    reporter,
-                };
-                launcher.launch(&job)?.into_iter().flatten().collect()
-            }
+            let rows = run_threads(args, &plan, reporter)?;
+            finish(args, reporter, rows)
         }
+        BackendKind::Mpi => run_mpi(args, &plan, reporter),
+    }
+}
+
+/// Every rank a thread of this process: direct mode, engine mode, or both
+/// (`--compare`).
+fn run_threads(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
+    let info = |mode| RunInfo {
+        mode,
+        backend: args.backend.name().to_string(),
+        tensors: if mode == Mode::Engine {
+            args.tensors
+        } else {
+            1
+        },
     };
+    let mut rows = Vec::new();
+    if !args.engine {
+        let launcher = ThreadsLauncher { ranks: args.ranks };
+        let job = DirectJob::new(plan, info(Mode::Direct), reporter);
+        rows.extend(launcher.launch(&job)?.into_iter().flatten());
+    }
+    if args.engine || args.compare {
+        rows.extend(engine::run_threads(
+            args,
+            plan,
+            &info(Mode::Engine),
+            reporter,
+        )?);
+    }
+    Ok(rows)
+}
+
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
+    launcher::mpi::run(args, plan, reporter)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &Args, _: &Plan, _: &Reporter) -> Result<Vec<Row>, BenchError> {
+    Err(BenchError::MpiNotBuilt)
+}
+
+/// Rank 0's end of a run: the footer, the same-run comparison (when rows
+/// of one op and size were measured more than one way), the JSON file.
+pub(crate) fn finish(
+    args: &Args,
+    reporter: &Reporter,
+    rows: Vec<Row>,
+) -> Result<Vec<Row>, BenchError> {
     reporter.print(&table_footer(&rows))?;
+    if let Some(table) = compare::comparison_table(&rows) {
+        reporter.print(&table)?;
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, row::to_json(&rows)).map_err(|source| BenchError::Output {
             path: path.display().to_string(),

@@ -19,6 +19,9 @@ pub struct Plan {
     pub warmup: usize,
     /// Whether the last iteration's result is checked.
     pub check: bool,
+    /// Also time a plain `MPI_Allreduce` on identical buffers in every
+    /// allreduce iteration (mpi backend, direct mode; see `crate::baseline`).
+    pub baseline: bool,
 }
 
 impl Plan {
@@ -51,6 +54,7 @@ mod tests {
             iters: 1,
             warmup: 0,
             check: true,
+            baseline: false,
         };
         // 4 ranks x 4 bytes: 8 and 16 both become one element per rank.
         let bytes: Vec<usize> = plan

@@ -5,13 +5,15 @@ use crate::reference::Spec;
 use crate::stats::Summary;
 use serde::{Deserialize, Serialize};
 
-/// Whether a row measured a backend's collective directly or the whole
-/// kolo engine (negotiation, fusion, background thread).
+/// Whether a row measured a backend's collective directly, the whole kolo
+/// engine (negotiation, fusion, background thread), or the plain library
+/// call kolo is compared with (`--baseline`: MPI_Allreduce, same buffers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Direct,
     Engine,
+    Baseline,
 }
 
 /// What is common to every row of one run.
@@ -86,11 +88,16 @@ impl Row {
 
 /// The comment line that opens one op's table.
 pub fn table_title(op: BenchOp, info: &RunInfo, ranks: usize) -> String {
-    let engine = match info.mode {
-        Mode::Direct => String::new(),
-        Mode::Engine => format!(", kolo engine, {} tensor(s) per step", info.tensors),
-    };
-    format!("# {op}: {} backend, {ranks} ranks{engine}", info.backend)
+    match info.mode {
+        Mode::Direct => format!("# {op}: {} backend, {ranks} ranks", info.backend),
+        Mode::Engine => format!(
+            "# {op}: {} backend, {ranks} ranks, kolo engine, {} tensor(s) per step",
+            info.backend, info.tensors
+        ),
+        Mode::Baseline => {
+            format!("# {op}: plain MPI_Allreduce baseline (in place, same loop), {ranks} ranks")
+        }
+    }
 }
 
 /// The two header lines of the table (names, then units).
@@ -237,5 +244,11 @@ mod tests {
         assert!(footer.contains("3 FAILED"), "{footer}");
         assert!(table_title(BenchOp::Allreduce, &info(), 2)
             .contains("allreduce: threads backend, 2 ranks"));
+        let baseline = RunInfo {
+            mode: Mode::Baseline,
+            backend: "mpi".into(),
+            tensors: 1,
+        };
+        assert!(table_title(BenchOp::Allreduce, &baseline, 4).contains("plain MPI_Allreduce"));
     }
 }

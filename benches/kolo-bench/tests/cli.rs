@@ -191,3 +191,62 @@ fn bad_flags_fail_with_a_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sendrecv"));
 }
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn the_mpi_backend_without_the_feature_says_how_to_build_it() {
+    let out = kolo_bench(&["--backend", "mpi", "--op", "allreduce"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--features mpi") && stderr.contains("mpirun"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn compare_on_threads_prints_direct_and_engine_side_by_side() {
+    let out = kolo_bench(&[
+        "--compare",
+        "--ranks",
+        "2",
+        "--op",
+        "allreduce",
+        "--min-bytes",
+        "8",
+        "--max-bytes",
+        "1K",
+        "--factor",
+        "32",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("# allreduce: threads backend, 2 ranks\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("kolo engine, 1 tensor(s) per step"),
+        "{stdout}"
+    );
+    // 8 B and 256 B, each with a direct and an engine time; no MPI column.
+    let table: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("# same-run comparison"))
+        .skip(2)
+        .collect();
+    assert_eq!(table.len(), 2, "{stdout}");
+    for line in table {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[0], "allreduce", "{line}");
+        assert_eq!((cells[2], cells[4]), ("-", "-"), "{line}");
+        assert!(
+            cells[6].starts_with('+') || cells[6].starts_with('-'),
+            "{line}"
+        );
+    }
+}

@@ -1,5 +1,6 @@
 //! Data-parallel SGD with kolo: a 5-layer MLP learns a fixed "teacher"
-//! network on synthetic data, one data shard per rank, ranks as threads.
+//! network on synthetic data, one data shard per rank — ranks as threads
+//! of this process, or one process per rank under `mpirun`.
 //!
 //! Each step every rank computes the gradients of its own mini-batch and
 //! submits one async allreduce (Average) per parameter tensor — 10 tensors
@@ -7,14 +8,24 @@
 //! them and fuses them into few collectives. Parameters start different on
 //! every rank on purpose and are broadcast from rank 0, so all ranks apply
 //! the same averaged gradients to the same parameters and must end
-//! bitwise identical, which the example checks.
+//! bitwise identical, which the example checks (an allgather of every
+//! rank's parameter checksum).
 //!
 //! ```text
 //! cargo run --release -p kolo --example train -- --ranks 4 --epochs 8
 //! KOLO_TIMELINE=/tmp/kolo.json cargo run --release -p kolo --example train
+//!
+//! # One process per rank over MPI (see docs/mpi.md for root and
+//! # oversubscription flags):
+//! cargo build --release -p kolo --features mpi --example train
+//! mpirun -np 4 target/release/examples/train --backend mpi
 //! ```
+//!
+//! Under MPI a rank whose training panics or fails calls `Kolo::abort`,
+//! which ends the whole job with `MPI_Abort` and a message naming the rank,
+//! instead of leaving its peers waiting for its gradients.
 
-use kolo::{Kolo, ReduceOp};
+use kolo::{BackendKind, Kolo, ReduceOp};
 use std::time::Instant;
 
 /// Layer widths: input, hidden..., output.
@@ -272,28 +283,43 @@ fn train(kolo: &Kolo, epochs: usize) -> Result<Vec<Vec<f32>>, kolo::Error> {
         .collect())
 }
 
-/// `--ranks N --epochs E`.
-fn parse_args() -> Result<(usize, usize), String> {
-    let (mut ranks, mut epochs) = (4usize, 8usize);
+/// The command line.
+struct Args {
+    /// `--backend`, else `KOLO_BACKEND`, else threads.
+    backend: Option<BackendKind>,
+    /// Thread ranks (threads backend; under MPI, `mpirun -np` decides).
+    ranks: usize,
+    epochs: usize,
+}
+
+const USAGE: &str = "usage: train [--backend threads|mpi] [--ranks N] [--epochs E]";
+
+/// `--backend B --ranks N --epochs E`.
+fn parse_args() -> Result<Args, String> {
+    let mut parsed = Args {
+        backend: None,
+        ranks: 4,
+        epochs: 8,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut value = |name: &str| -> Result<usize, String> {
-            let v = args.next().ok_or(format!("{name} needs a value"))?;
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        let number = |name: &str, v: String| -> Result<usize, String> {
             v.parse()
                 .map_err(|_| format!("{name}: {v:?} is not a number"))
         };
         match flag.as_str() {
-            "--ranks" => ranks = value("--ranks")?,
-            "--epochs" => epochs = value("--epochs")?,
-            "-h" | "--help" => return Err("usage: train [--ranks N] [--epochs E]".into()),
-            other => {
-                return Err(format!(
-                    "unknown flag {other:?}; usage: train [--ranks N] [--epochs E]"
-                ))
+            "--backend" => {
+                let v = value("--backend")?;
+                parsed.backend = Some(v.parse().map_err(|e| format!("--backend {v:?}: {e}"))?)
             }
+            "--ranks" => parsed.ranks = number("--ranks", value("--ranks")?)?,
+            "--epochs" => parsed.epochs = number("--epochs", value("--epochs")?)?,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown flag {other:?}; {USAGE}")),
         }
     }
-    Ok((ranks, epochs))
+    Ok(parsed)
 }
 
 fn main() -> std::process::ExitCode {
@@ -307,9 +333,21 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (ranks, epochs) = parse_args()?;
+    let args = parse_args()?;
     let config = kolo::Config::from_env()?;
     kolo::init_logging(config.log_level);
+    match args.backend.unwrap_or(config.backend) {
+        BackendKind::Threads => run_threads(config, args.ranks, args.epochs),
+        BackendKind::Mpi => run_mpi(config, args.epochs),
+    }
+}
+
+/// Every rank a thread of this process; checks the parameters directly.
+fn run_threads(
+    config: kolo::Config,
+    ranks: usize,
+    epochs: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &config.timeline {
         println!("writing the timeline to {}", path.display());
     }
@@ -330,4 +368,54 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// This process is one rank of an `mpirun` job. A rank that fails (an
+/// error or a panic) aborts the whole job naming itself, so that its peers
+/// do not wait for it forever.
+#[cfg(feature = "mpi")]
+fn run_mpi(config: kolo::Config, epochs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let timeline = config.timeline.clone();
+    let kolo = Kolo::init_mpi(config)?;
+    let rank = kolo.rank();
+    if let (Some(path), 0) = (&timeline, rank) {
+        println!("writing the timeline to {}", path.display());
+    }
+    let start = Instant::now();
+    let why = match catch_unwind(AssertUnwindSafe(|| train(&kolo, epochs))) {
+        // `train` checked that every rank's parameters are identical.
+        Ok(Ok(_params)) => {
+            kolo.shutdown()?;
+            if rank == 0 {
+                println!(
+                    "all {} ranks (MPI processes) hold bitwise identical parameters; {:.2} s",
+                    kolo.size(),
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            return Ok(());
+        }
+        Ok(Err(e)) => format!("rank {rank} failed: {e}"),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            format!("rank {rank} panicked: {text}")
+        }
+    };
+    // Ends the whole job (MPI_Abort) with this message.
+    kolo.abort(&why);
+    Err(why.into())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_config: kolo::Config, _epochs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    Err("this example was built without MPI; build it with \
+         `cargo build --release -p kolo --features mpi --example train` \
+         and run `mpirun -np 4 target/release/examples/train --backend mpi`"
+        .into())
 }

@@ -2,12 +2,17 @@
 //! [`Launcher`] that runs a [`RankJob`] on every rank it hosts.
 //!
 //! The job is generic over the backend's communicator, so the benchmark is
-//! written once against kolo-transport's traits; adding a backend (MPI:
-//! one process per rank, each hosting one rank) is one more module here and
-//! one more [`BackendKind`] variant.
+//! written once against kolo-transport's traits; a backend is one more
+//! module here and one more [`BackendKind`] variant. Threads host every
+//! rank in this process; MPI (the `mpi` feature) is one process per rank
+//! under `mpirun`, each hosting its own rank.
 
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod threads;
 
+#[cfg(feature = "mpi")]
+pub use mpi::MpiLauncher;
 pub use threads::ThreadsLauncher;
 
 use crate::error::BenchError;
@@ -42,6 +47,8 @@ pub trait Launcher {
 pub enum BackendKind {
     /// In-process ranks, one thread each, on shared memory (kolo-threads).
     Threads,
+    /// One process per rank under `mpirun` (kolo-mpi; the `mpi` feature).
+    Mpi,
 }
 
 impl BackendKind {
@@ -49,6 +56,7 @@ impl BackendKind {
     pub const fn name(self) -> &'static str {
         match self {
             BackendKind::Threads => "threads",
+            BackendKind::Mpi => "mpi",
         }
     }
 }

@@ -3,12 +3,17 @@
 //! Small allreduces ([`takes_small_path`]) take the low-latency path: every
 //! rank reduces the whole vector from all published buffers into its
 //! scratch and copies it back after the closing barrier (two barriers).
-//! Each rank reads n times the vector, so the threshold shrinks with n. Larger ones reduce in place ([`crate::partition::Schedule`]):
-//! each rank reduces its own 1/n chunk, reading every peer's buffer
-//! directly (block by block through a cache-sized scratch block), and
-//! writes the result into its own buffer; after a barrier each rank copies
-//! the other chunks from their owners; the closing barrier keeps every
-//! buffer alive until no peer reads it (three barriers). Reduce-scatter
+//! Each rank reads n times the vector, so the threshold shrinks with n.
+//! Larger ones reduce in place ([`crate::partition::Schedule`]): each rank
+//! owns a 1/n chunk; block by block (8 KiB) it reduces that chunk of every
+//! rank's buffer into its own buffer (two ranks: one fused pass; more: via
+//! an L1 scratch block) and at once copies the result into that chunk of
+//! every peer's buffer, while the lines are still in cache. The closing
+//! barrier keeps every buffer alive until no peer touches it (two
+//! barriers). Compared with reducing the own chunk first and copying the
+//! other chunks from their owners after a barrier, this makes one pass over
+//! memory instead of two and saves a barrier: 2 ranks, f32, 16 MiB went
+//! from 8.3 to 14-17 GB/s busbw on the 2-core developer machine. Reduce-scatter
 //! reads the peers' send buffers and reduces straight into the caller's
 //! receive block.
 
@@ -31,8 +36,10 @@ pub(crate) fn takes_small_path(bytes: usize, size: usize) -> bool {
     bytes.saturating_mul(size.saturating_mul(size)) <= SMALL_ALLREDUCE_BUDGET
 }
 
-/// Bytes per block of the in-place path's scratch.
-const BLOCK_BYTES: usize = 16 * 1024;
+/// Bytes per block of the in-place path's scratch: the n source blocks,
+/// the scratch and the n destination blocks stay in L1 (8 KiB measured
+/// best of 4-256 KiB at 1-64 MiB on the 2-core developer machine).
+const BLOCK_BYTES: usize = 8 * 1024;
 
 pub(crate) fn allreduce<T: Element>(
     comm: &mut ThreadComm,
@@ -104,24 +111,26 @@ fn in_place<T: Element>(
     let mut scaled = scratch.take::<T>(Slot::Scaled, 0);
 
     let mut round = Round::open(world, rank, Publication::new(call).in_place(buf))?;
-    // Step 0: reduce this rank's chunk from every rank's buffer.
     for range in blocks(round.schedule().chunk(rank), block) {
-        let out_block = &mut out[..range.len()];
-        let srcs = (0..size)
-            .map(|peer| round.in_place_read::<T>(peer, range.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
-        reduce_scaled(out_block, &srcs, op, scale.prescale, &mut scaled);
-        drop(srcs);
-        T::scale(out_block, post);
-        round.in_place_write(range, out_block)?;
-    }
-    round.sync()?;
-    // Step 1: copy the other chunks from their owners, starting with the
-    // next rank so that the ranks do not all read rank 0 first.
-    for offset in 1..size {
-        let owner = (rank + offset) % size;
-        let range = round.schedule().chunk(owner);
-        round.in_place_copy::<T>(owner, range)?;
+        round.in_place_with::<T, _>(range.clone(), |own, peers| {
+            if let ([peer], 1.0) = (peers, scale.prescale) {
+                // Two ranks: one combination per element, straight into
+                // the own block (exact as in `reduce_many`).
+                T::reduce_into(own, peer, op);
+            } else {
+                // Reduce in rank order into the scratch block (f16/bf16
+                // accumulate in f32 and round once), then copy it back.
+                let acc = &mut out[..own.len()];
+                let mut srcs: Vec<&[T]> = Vec::with_capacity(size);
+                srcs.extend_from_slice(&peers[..rank]);
+                srcs.push(&*own);
+                srcs.extend_from_slice(&peers[rank..]);
+                reduce_scaled(acc, &srcs, op, scale.prescale, &mut scaled);
+                own.copy_from_slice(acc);
+            }
+            T::scale(own, post);
+        })?;
+        round.in_place_spread::<T>(range)?;
     }
     round.close()?;
     scratch.put(Slot::Out, out);

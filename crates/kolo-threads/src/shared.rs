@@ -14,8 +14,8 @@
 //!    until the owner has passed the closing barrier, so it outlives every
 //!    peer's reads.
 //! 3. A read-only buffer is published from a shared borrow: nobody writes
-//!    it during the round. An in-place buffer is written only by its owner
-//!    and only where the [`Schedule`] of the current step lets no peer read
+//!    it during the round. An in-place buffer is read and written only
+//!    where the [`Schedule`] gives the accessing rank sole use of the range
 //!    (checked on every access, against a schedule every rank computes from
 //!    the same published length).
 //! 4. A buffer is read as `T` only if it was published as exactly `T`.
@@ -179,9 +179,6 @@ pub(crate) fn internal(what: String) -> TransportError {
 pub(crate) struct Round<'w, 'r> {
     world: &'w World,
     rank: usize,
-    /// Barriers passed inside the round (0 right after opening): the step
-    /// of the schedule.
-    step: usize,
     /// True while leaving would let peers read freed memory.
     armed: bool,
     /// The schedule of an in-place send buffer (of no elements otherwise).
@@ -223,7 +220,6 @@ impl<'w, 'r> Round<'w, 'r> {
         let round = Round {
             world,
             rank,
-            step: 0,
             armed: true,
             schedule,
             own,
@@ -298,8 +294,7 @@ impl<'w, 'r> Round<'w, 'r> {
         })
     }
 
-    /// The schedule of the in-place buffer; its step is the number of
-    /// [`Round::sync`]s so far.
+    /// The schedule of the in-place buffer.
     pub(crate) fn schedule(&self) -> &Schedule {
         &self.schedule
     }
@@ -322,106 +317,85 @@ impl<'w, 'r> Round<'w, 'r> {
         Ok(raw)
     }
 
-    /// Reads `range` of `peer`'s in-place buffer, if the schedule allows it
-    /// at this step ([`Schedule::may_read`]).
-    pub(crate) fn in_place_read<T: Element>(
+    /// The raw start of `range` in `owner`'s in-place buffer of `T`, if the
+    /// schedule gives this rank that range ([`Schedule::may_access`]).
+    fn in_place_ptr<T: Element>(
         &self,
-        peer: usize,
-        range: Range<usize>,
-    ) -> Result<&[T], TransportError> {
-        let raw = self.in_place_buf::<T>(peer)?;
-        if !self.schedule.may_read(self.rank, peer, self.step, &range) || range.end > raw.len {
-            return Err(internal(format!(
-                "step {} may not read {range:?} of rank {peer}",
-                self.step
-            )));
-        }
-        // SAFETY: invariants 2-4. The buffer is a live `&'r mut [T]` of exactly
-        // `T` lent to its owner's round, and `range` is in bounds. Every rank
-        // follows the same schedule (same length and type, checked above),
-        // which lets no owner write, at this step, what another rank
-        // may read from its buffer; this rank's own writes need `&mut self`,
-        // which this view's borrow of `self` rules out.
-        Ok(
-            unsafe {
-                std::slice::from_raw_parts(raw.ptr.cast::<T>().add(range.start), range.len())
-            },
-        )
-    }
-
-    /// The writable `range` of this rank's in-place buffer, if the schedule
-    /// allows it at this step ([`Schedule::may_write`]).
-    fn own_range_mut<T: Element>(
-        &mut self,
+        owner: usize,
         range: &Range<usize>,
-    ) -> Result<&mut [T], TransportError> {
-        let raw = self.in_place_buf::<T>(self.rank)?;
-        if !self.schedule.may_write(self.rank, self.step, range) || range.end > raw.len {
-            return Err(internal(format!(
-                "step {} may not write {range:?} of rank {}",
-                self.step, self.rank
-            )));
-        }
-        // SAFETY: invariants 2-3. The buffer is this rank's own `&'r mut [T]`,
-        // lent to this round (its caller cannot touch it meanwhile) and
-        // published from a mutable pointer; `range` is in bounds. At this
-        // step the schedule lets no peer read `range` of it, and `&mut self`
-        // rules out any view of it in this thread.
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut(
-                raw.ptr.cast::<T>().cast_mut().add(range.start),
-                range.len(),
-            )
-        })
+    ) -> Result<*mut T, TransportError> {
+        let raw = self.in_place_buf::<T>(owner)?;
+        self.check_access(owner, range, raw.len)?;
+        // SAFETY: `range.start <= range.end <= raw.len` (checked), so the
+        // offset stays within (or one past) the published allocation.
+        Ok(unsafe { raw.ptr.cast::<T>().cast_mut().add(range.start) })
     }
 
-    /// Writes `src` over `range` of this rank's in-place buffer.
-    pub(crate) fn in_place_write<T: Element>(
+    /// Calls `f` with `range` of this rank's in-place buffer (writable) and
+    /// the same range of every peer's (read-only, in rank order, this rank
+    /// left out), if the schedule gives this rank that range.
+    pub(crate) fn in_place_with<T: Element, R>(
         &mut self,
         range: Range<usize>,
-        src: &[T],
+        f: impl FnOnce(&mut [T], &[&[T]]) -> R,
+    ) -> Result<R, TransportError> {
+        let own = self.in_place_ptr::<T>(self.rank, &range)?;
+        let peers = (0..self.world.size)
+            .filter(|&peer| peer != self.rank)
+            .map(|peer| {
+                let ptr = self.in_place_ptr::<T>(peer, &range)?;
+                // SAFETY: invariants 2-4. The buffer is a live `&'r mut [T]`
+                // of exactly `T` lent to its owner's round (the owner cannot
+                // touch it meanwhile) and `range` is in bounds. Every rank
+                // follows the same schedule (same length and type, checked),
+                // which lets no other rank touch `range` of any buffer.
+                Ok(unsafe { std::slice::from_raw_parts(ptr.cast_const(), range.len()) })
+            })
+            .collect::<Result<Vec<&[T]>, TransportError>>()?;
+        // SAFETY: as above for this rank's own buffer, published from a
+        // mutable borrow; it is a different allocation from every peer's
+        // (each rank lends its own `&mut [T]`), so `own` aliases nothing in
+        // `peers`, and `&mut self` rules out any other view in this thread.
+        let own = unsafe { std::slice::from_raw_parts_mut(own, range.len()) };
+        Ok(f(own, &peers))
+    }
+
+    /// Copies `range` of this rank's in-place buffer into the same range of
+    /// every peer's, if the schedule gives this rank that range.
+    pub(crate) fn in_place_spread<T: Element>(
+        &mut self,
+        range: Range<usize>,
     ) -> Result<(), TransportError> {
-        if src.len() != range.len() {
-            return Err(internal(format!(
-                "{} elements for range {range:?}",
-                src.len()
-            )));
+        let own = self.in_place_ptr::<T>(self.rank, &range)?;
+        // SAFETY: as in `in_place_with`; only read here.
+        let src = unsafe { std::slice::from_raw_parts(own.cast_const(), range.len()) };
+        for peer in (0..self.world.size).filter(|&peer| peer != self.rank) {
+            let ptr = self.in_place_ptr::<T>(peer, &range)?;
+            // SAFETY: invariants 2-4 as in `in_place_with`, for a peer's
+            // buffer published from a mutable borrow: nobody else touches
+            // `range` of it now, and it is a different allocation from
+            // this rank's `src`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr, range.len()) };
+            dst.copy_from_slice(src);
         }
-        self.own_range_mut::<T>(&range)?.copy_from_slice(src);
         Ok(())
     }
 
-    /// Copies `range` of `peer`'s in-place buffer into the same range of
-    /// this rank's.
-    pub(crate) fn in_place_copy<T: Element>(
-        &mut self,
-        peer: usize,
-        range: Range<usize>,
+    /// Fails unless the schedule lets this rank touch `range` of `owner`'s
+    /// buffer (of `len` elements).
+    fn check_access(
+        &self,
+        owner: usize,
+        range: &Range<usize>,
+        len: usize,
     ) -> Result<(), TransportError> {
-        let src = self.in_place_read::<T>(peer, range.clone())?;
-        let (ptr, len) = (src.as_ptr(), src.len());
-        if peer == self.rank {
-            return Err(internal(format!("rank {peer} copying from itself")));
+        if !self.schedule.may_access(self.rank, range) || range.end > len {
+            return Err(internal(format!(
+                "rank {} may not touch {range:?} of rank {owner}",
+                self.rank
+            )));
         }
-        let dst = self.own_range_mut::<T>(&range)?;
-        // SAFETY: `ptr`/`len` are the view just checked by `in_place_read`,
-        // which no rank writes at this step; it lies in another rank's live
-        // `&mut [T]`, which cannot overlap this rank's `dst`.
-        let src = unsafe { std::slice::from_raw_parts(ptr, len) };
-        dst.copy_from_slice(src);
         Ok(())
-    }
-
-    /// Waits until every rank has finished the current step.
-    pub(crate) fn sync(&mut self) -> Result<(), TransportError> {
-        let result = self.world.barrier_wait(Wait::Complete);
-        self.step += 1;
-        if result.is_err() {
-            // Every rank failed this same barrier after all had arrived:
-            // nobody reads any more.
-            self.armed = false;
-        }
-        result
     }
 
     /// Waits until every rank has finished reading; the buffers are free

@@ -1,6 +1,6 @@
 //! The `Element` implementations, one macro per family of types.
 
-use super::{reduce_many_blocked, zip_apply, Element, HALF_BLOCK};
+use super::{reduce_many_blocked, zip3_apply, zip_apply, Element, HALF_BLOCK};
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use kolo_protocol::{DataType, ReduceOp};
 
@@ -28,6 +28,15 @@ macro_rules! int_element {
                     ReduceOp::Product => zip_apply(acc, src, <$t>::wrapping_mul),
                     ReduceOp::Min => zip_apply(acc, src, <$t>::min),
                     ReduceOp::Max => zip_apply(acc, src, <$t>::max),
+                }
+            }
+
+            fn reduce_pair(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Average => zip3_apply(dst, a, b, <$t>::wrapping_add),
+                    ReduceOp::Product => zip3_apply(dst, a, b, <$t>::wrapping_mul),
+                    ReduceOp::Min => zip3_apply(dst, a, b, <$t>::min),
+                    ReduceOp::Max => zip3_apply(dst, a, b, <$t>::max),
                 }
             }
 
@@ -81,6 +90,15 @@ macro_rules! float_element {
                     ReduceOp::Product => zip_apply(acc, src, |a, b| a * b),
                     ReduceOp::Min => zip_apply(acc, src, $t::min),
                     ReduceOp::Max => zip_apply(acc, src, $t::max),
+                }
+            }
+
+            fn reduce_pair(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Average => zip3_apply(dst, a, b, |x, y| x + y),
+                    ReduceOp::Product => zip3_apply(dst, a, b, |x, y| x * y),
+                    ReduceOp::Min => zip3_apply(dst, a, b, $t::min),
+                    ReduceOp::Max => zip3_apply(dst, a, b, $t::max),
                 }
             }
 

@@ -62,6 +62,16 @@ pub unsafe trait Element:
     /// lengths first).
     fn reduce_into(acc: &mut [Self], src: &[Self], op: ReduceOp);
 
+    /// `dst[i] = op(a[i], b[i])` for every i, in one pass (the native types
+    /// override the default, a copy then [`Element::reduce_into`]).
+    ///
+    /// # Panics
+    /// If the lengths differ (a kolo bug, as above).
+    fn reduce_pair(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+        dst.copy_from_slice(a);
+        Self::reduce_into(dst, b, op);
+    }
+
     /// `dst[i] = op(srcs[0][i], srcs[1][i], ...)`. f16 / bf16 accumulate in
     /// f32 and round once. `Average` reduces as `Sum`. With no sources `dst`
     /// is filled with [`Element::identity`].
@@ -99,12 +109,25 @@ pub(crate) fn zip_apply<T: Copy>(acc: &mut [T], src: &[T], f: impl Fn(T, T) -> T
     }
 }
 
+/// `dst[i] = f(a[i], b[i])`, the three-operand [`zip_apply`].
+#[inline(always)]
+pub(crate) fn zip3_apply<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    assert!(
+        dst.len() == a.len() && a.len() == b.len(),
+        "reduce_pair: lengths differ"
+    );
+    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(x, y);
+    }
+}
+
 /// Elements per block in [`reduce_many_blocked`]: the destination block stays
 /// in L1 while every source is folded into it.
 const NATIVE_BLOCK: usize = 4096;
 
 /// `reduce_many` for types whose `reduce_into` is exact in their own
-/// precision: copy the first source, fold the others in, block by block.
+/// precision: combine the first two sources, fold the others in, block by
+/// block.
 pub(crate) fn reduce_many_blocked<T: Element>(dst: &mut [T], srcs: &[&[T]], op: ReduceOp) {
     for src in srcs {
         assert_eq!(
@@ -120,9 +143,14 @@ pub(crate) fn reduce_many_blocked<T: Element>(dst: &mut [T], srcs: &[&[T]], op: 
     for (block, d) in dst.chunks_mut(NATIVE_BLOCK).enumerate() {
         let start = block * NATIVE_BLOCK;
         let end = start + d.len();
-        d.copy_from_slice(&first[start..end]);
-        for src in rest {
-            T::reduce_into(d, &src[start..end], op);
+        match rest.split_first() {
+            Some((second, more)) => {
+                T::reduce_pair(d, &first[start..end], &second[start..end], op);
+                for src in more {
+                    T::reduce_into(d, &src[start..end], op);
+                }
+            }
+            None => d.copy_from_slice(&first[start..end]),
         }
     }
 }

@@ -181,9 +181,10 @@ fn sweep<T: Element>(
             if rank == 0 {
                 reporter.progress(op, layout.bytes, index, layouts.len());
             }
-            let report = measure(kolo, case, &spec, plan)?;
+            let (report, counters) = measure(kolo, case, &spec, plan)?;
             if let Some(row) = gather_row(kolo, info, &spec, &report)? {
                 reporter.row(&row)?;
+                reporter.print(&counters.line(plan.iters))?;
                 rows.push(row);
             }
         }
@@ -192,15 +193,50 @@ fn sweep<T: Element>(
     Ok(rows)
 }
 
+/// What this rank's engine did during the timed steps ([`kolo::Stats`]
+/// after minus before).
+struct Counters {
+    operations: u64,
+    tensors: u64,
+    gathered_cycles: u64,
+    cache_hits: u64,
+}
+
+impl Counters {
+    fn between(before: &kolo::Stats, after: &kolo::Stats) -> Counters {
+        Counters {
+            operations: after.operations - before.operations,
+            tensors: after.tensors - before.tensors,
+            gathered_cycles: after.gathered_cycles - before.gathered_cycles,
+            cache_hits: after.cache_hits - before.cache_hits,
+        }
+    }
+
+    /// A comment line under the row: per timed step, the operations the
+    /// tensors became and how they were negotiated (a warm cache gathers
+    /// no request list).
+    fn line(&self, steps: usize) -> String {
+        let per = |n: u64| n as f64 / steps.max(1) as f64;
+        format!(
+            "#   per step (rank 0): {:.2} data-plane operations carrying {:.1} tensors; \
+             {:.2} cycles gathered request lists to rank 0; {:.1} cache hits",
+            per(self.operations),
+            per(self.tensors),
+            per(self.gathered_cycles),
+            per(self.cache_hits),
+        )
+    }
+}
+
 /// `warmup + iters` steps back to back, with an engine barrier between the
-/// warm-up and the timed ones; the timed ones recorded, the last one
-/// checked when asked.
+/// warm-up and the timed ones; the timed ones recorded (and the engine's
+/// counters over them), the last one checked when asked.
 fn measure<T: Element>(
     kolo: &Kolo,
     mut case: EngineCase<T>,
     spec: &Spec,
     plan: &Plan,
-) -> Result<RankReport, BenchError> {
+) -> Result<(RankReport, Counters), BenchError> {
     let failed = |source| BenchError::Engine {
         op: spec.op.name(),
         bytes: spec.layout.bytes,
@@ -209,10 +245,12 @@ fn measure<T: Element>(
     };
     let total = plan.warmup + plan.iters;
     let mut times_us = Vec::with_capacity(plan.iters);
+    let mut before = kolo.stats();
     for iteration in 0..total {
         case.prepare(iteration + 1 == total);
         if iteration == plan.warmup {
             kolo.barrier().map_err(failed)?;
+            before = kolo.stats();
         }
         let start = Instant::now();
         case.step(kolo).map_err(failed)?;
@@ -222,8 +260,9 @@ fn measure<T: Element>(
             times_us.push(elapsed);
         }
     }
+    let counters = Counters::between(&before, &kolo.stats());
     let wrong = plan.check.then(|| case.wrong());
-    Ok(RankReport { times_us, wrong })
+    Ok((RankReport { times_us, wrong }, counters))
 }
 
 /// Every rank's report, through an engine allgather; rank 0 returns the row.

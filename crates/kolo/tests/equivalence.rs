@@ -97,3 +97,48 @@ fn cache_and_fusion_do_not_change_results() {
         }
     }
 }
+
+/// Horovod's fast path: once every tensor of a step is in the response
+/// cache, later steps are agreed through the bit-vector allreduce alone —
+/// no request list is gathered to rank 0 and no response list broadcast.
+#[test]
+fn with_a_warm_cache_no_request_list_travels() {
+    const TENSORS: usize = 50;
+    const STEPS: u64 = 8;
+    for ranks in [2, 4] {
+        let out = kolo::threads::run(ranks, config(), |kolo| {
+            let names: Vec<String> = (0..TENSORS).map(|t| format!("grad/{t}")).collect();
+            let mut bufs: Vec<Vec<f32>> = (0..TENSORS).map(|t| vec![1.0; 1 + t * 3]).collect();
+            let mut step = |kolo: &kolo::Kolo| {
+                let handles = names
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
+                    .collect::<Result<Vec<_>, _>>()?;
+                handles.into_iter().try_for_each(|h| h.wait())
+            };
+            // Two cold steps fill the cache on every rank.
+            step(kolo)?;
+            step(kolo)?;
+            let warm = kolo.stats();
+            for _ in 0..STEPS {
+                step(kolo)?;
+            }
+            let after = kolo.stats();
+            Ok((warm, after, bufs[TENSORS - 1][0]))
+        })
+        .unwrap();
+        for (rank, (warm, after, value)) in out.into_iter().enumerate() {
+            assert_eq!(
+                after.gathered_cycles, warm.gathered_cycles,
+                "{ranks} ranks, rank {rank}: warm steps gathered request lists: {warm:?} -> {after:?}"
+            );
+            assert_eq!(
+                after.cache_hits - warm.cache_hits,
+                STEPS * TENSORS as u64,
+                "{ranks} ranks, rank {rank}: every warm tensor is a cache hit"
+            );
+            assert_eq!(value, (ranks as f32).powi(10), "{ranks} ranks, rank {rank}");
+        }
+    }
+}

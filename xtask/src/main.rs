@@ -1,7 +1,9 @@
 //! `cargo xtask`: kolo's developer commands.
 //!
-//! - `cargo xtask test`: formatting, clippy, then every test of the workspace
-//!   (what CI runs).
+//! - `cargo xtask test`: installs what the tests need (scripts/install-deps.sh),
+//!   formatting, clippy with every feature, every test of the workspace with
+//!   every feature (the MPI ones under a real mpirun), and a check of the
+//!   facade's default build (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
 //! - `cargo xtask test-gpu`: kolo-nccl's GPU checks and kolo-bench, built into
@@ -72,12 +74,19 @@ fn test(root: &Path) -> Result<()> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--all-features",
             "--",
             "-D",
             "warnings",
         ],
     )?;
-    cargo(root, &["test", "--workspace"])?;
+    // Every feature at once: the MPI paths of kolo, kolo-bench and the
+    // pipeline run under a real mpirun; the GPU binaries build and report
+    // that there is no GPU (they run on GPU hosts through `test-gpu`).
+    cargo(root, &["test", "--workspace", "--all-features"])?;
+    // And the default build of the facade, which must need no system
+    // library (`cargo add kolo` just works).
+    cargo(root, &["check", "-p", "kolo", "--all-targets"])?;
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! The `Element` implementations, one macro per family of types.
 
+use super::widen::Widen;
 use super::{reduce_many_blocked, zip3_apply, zip_apply, Element, HALF_BLOCK};
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 use kolo_protocol::{DataType, ReduceOp};
 
 /// Integers: wrapping sum and product, natural min / max, scale in f64
@@ -157,10 +158,10 @@ macro_rules! half_element {
                 let mut b = [0f32; HALF_BLOCK];
                 for (acc, src) in acc.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
                     let (a, b) = (&mut a[..acc.len()], &mut b[..acc.len()]);
-                    acc.convert_to_f32_slice(a);
-                    src.convert_to_f32_slice(b);
+                    $t::widen(acc, a);
+                    $t::widen(src, b);
                     f32::reduce_into(a, b, op);
-                    acc.convert_from_f32_slice(a);
+                    $t::narrow(a, acc);
                 }
             }
 
@@ -181,12 +182,12 @@ macro_rules! half_element {
                 for (block, dst) in dst.chunks_mut(HALF_BLOCK).enumerate() {
                     let range = block * HALF_BLOCK..block * HALF_BLOCK + dst.len();
                     let (acc, next) = (&mut acc[..dst.len()], &mut next[..dst.len()]);
-                    first[range.clone()].convert_to_f32_slice(acc);
+                    $t::widen(&first[range.clone()], acc);
                     for src in rest {
-                        src[range.clone()].convert_to_f32_slice(next);
+                        $t::widen(&src[range.clone()], next);
                         f32::reduce_into(acc, next, op);
                     }
-                    dst.convert_from_f32_slice(acc);
+                    $t::narrow(acc, dst);
                 }
             }
 
@@ -197,9 +198,9 @@ macro_rules! half_element {
                 let mut block = [0f32; HALF_BLOCK];
                 for chunk in buf.chunks_mut(HALF_BLOCK) {
                     let block = &mut block[..chunk.len()];
-                    chunk.convert_to_f32_slice(block);
+                    $t::widen(chunk, block);
                     f32::scale(block, factor);
-                    chunk.convert_from_f32_slice(block);
+                    $t::narrow(block, chunk);
                 }
             }
 

@@ -28,6 +28,7 @@
 mod kernels;
 #[cfg(test)]
 mod tests;
+mod widen;
 
 use kolo_protocol::{DataType, ReduceOp};
 

@@ -5,7 +5,7 @@
 //! the CPU has them). bf16 has no such instructions on x86, and `half`'s
 //! element-wise rounding branches; here both directions are branch-free bit
 //! operations the compiler vectorizes, with exactly `half`'s results
-//! (round to nearest, ties to even; NaNs stay NaN, quieted).
+//! (round to nearest, ties to even; NaNs stay NaN, quieted, both ways).
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
@@ -31,7 +31,10 @@ impl Widen for bf16 {
     fn widen(src: &[Self], dst: &mut [f32]) {
         assert_eq!(src.len(), dst.len(), "widen: lengths differ");
         for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+            let bits = s.to_bits();
+            // A NaN comes out quieted, as `half` does it.
+            let quiet = if bits & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
+            *d = f32::from_bits(u32::from(bits | quiet) << 16);
         }
     }
 

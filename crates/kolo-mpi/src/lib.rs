@@ -40,9 +40,11 @@ mod collectives;
 mod comm;
 mod controller;
 mod datatype;
+mod error;
 pub mod launcher;
 mod raw;
 mod runtime;
 
 pub use comm::MpiComm;
+pub use error::MpiError;
 pub use runtime::{granted_thread_level, ThreadLevel};

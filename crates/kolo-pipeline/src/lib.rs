@@ -85,8 +85,12 @@ mod tensor;
 mod threaded;
 mod wire;
 
-pub use channels::{pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet, Endpoint};
+pub use channels::{
+    duplicate_channels, pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet,
+    Endpoint,
+};
 pub use error::{PipelineError, PlanError, TensorError};
+pub use link_state::Helpers;
 pub use options::{Direction, Mode, Options};
 pub use pipeline::Pipeline;
 pub use plan::{channels, StagePlan, TensorRoute};

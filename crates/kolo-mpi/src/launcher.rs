@@ -66,6 +66,16 @@ impl Job {
         self
     }
 
+    /// Adds arguments for every rank.
+    pub fn args<I, S>(mut self, args: I) -> Job
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
     /// Sets an environment variable for every rank.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Job {
         self.env.push((key.into(), value.into()));

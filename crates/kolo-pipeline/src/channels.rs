@@ -258,3 +258,7 @@ where
         None => Ok(set),
     }
 }
+
+#[cfg(test)]
+#[path = "channels_tests.rs"]
+mod tests;

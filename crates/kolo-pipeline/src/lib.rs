@@ -75,6 +75,8 @@ mod channels;
 mod error;
 mod link;
 mod link_state;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod options;
 mod pipeline;
 mod plan;

@@ -4,19 +4,21 @@
 //! serial loop over each rank's world communicator.
 
 mod common;
+mod thread_channels;
 
 use common::{
     expected_wide, run_stage, run_stage_wide, spec_for, totals, Observer, Report, TestError,
 };
 use kolo_pipeline::{
-    duplicate_channels, pair_channels, run_serial, ChannelKey, ChannelSet, Direction, Options,
-    Pipeline, PipelineError, PipelineSpec, StagePlan, Tensor,
+    duplicate_channels, run_serial, Direction, Options, Pipeline, PipelineError, PipelineSpec,
+    StagePlan, Tensor,
 };
 use kolo_protocol::DataType;
-use kolo_threads::{RunError, ThreadComm, Topology};
+use kolo_threads::{RunError, Topology};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use thread_channels::{thread_channels, world_channels};
 
 const WIDTHS: [&[usize]; 4] = [&[1, 1], &[1, 2, 1], &[2, 3], &[1, 3, 2, 1]];
 
@@ -81,52 +83,6 @@ fn expected(
     direction: Direction,
 ) -> Result<Tensor, kolo_pipeline::TensorError> {
     expected_wide(name, dtype, g, direction, 4)
-}
-
-type Sets = Vec<Mutex<Option<ChannelSet<ThreadComm>>>>;
-
-fn thread_channels(spec: &PipelineSpec, options: &Options) -> Sets {
-    let sets = pair_channels(spec, options, |_| {
-        let mut comms =
-            kolo_threads::communicators(2).map_err(|e| PipelineError::Start(e.to_string()))?;
-        let receiver = comms.pop();
-        comms
-            .pop()
-            .zip(receiver)
-            .ok_or_else(|| PipelineError::Start("no communicators".into()))
-    })
-    .unwrap_or_else(|e| panic!("channels: {e}"));
-    sets.into_iter().map(|s| Mutex::new(Some(s))).collect()
-}
-
-/// A world communicator per channel of the whole pipeline, each rank's
-/// end taken by that rank: what `MpiComm::duplicate` gives each rank.
-struct WorldChannels(HashMap<ChannelKey, Vec<Mutex<Option<ThreadComm>>>>);
-
-impl WorldChannels {
-    fn take(&self, key: &ChannelKey, rank: usize) -> Result<ThreadComm, PipelineError> {
-        self.0
-            .get(key)
-            .and_then(|comms| comms.get(rank))
-            .and_then(|slot| slot.lock().ok()?.take())
-            .ok_or_else(|| PipelineError::Start(format!("no duplicate of {key} for rank {rank}")))
-    }
-}
-
-fn world_channels(spec: &PipelineSpec, options: &Options) -> WorldChannels {
-    let keys = kolo_pipeline::channels(spec, options).unwrap_or_else(|e| panic!("{e}"));
-    WorldChannels(
-        keys.into_iter()
-            .map(|key| {
-                let comms =
-                    kolo_threads::communicators(spec.world_size).unwrap_or_else(|e| panic!("{e}"));
-                (
-                    key,
-                    comms.into_iter().map(|c| Mutex::new(Some(c))).collect(),
-                )
-            })
-            .collect(),
-    )
 }
 
 fn check_totals(widths: &[usize], iterations: u64, forward_only: bool, reports: &[Report]) {

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{run_stage, run_stage_wide, spec_for, totals, Report, TestError};
+use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Report, TestError};
 use kolo_nccl::NcclOptions;
 use kolo_pipeline::nccl::{nccl_channels, NcclChannel};
 use kolo_pipeline::{ChannelSet, Direction, Options, Pipeline, PipelineSpec, StagePlan};
@@ -185,16 +185,7 @@ fn run_ranks<R: Send>(
                         .take()
                         .ok_or_else(|| TestError(format!("rank {rank}'s channels are gone")))?;
                     let pipe = Pipeline::start(StagePlan::new(spec, rank)?, options, set)?;
-                    match f(&pipe) {
-                        Ok(value) => {
-                            pipe.finish()?;
-                            Ok(value)
-                        }
-                        Err(e) => {
-                            pipe.abort(&e.0);
-                            Err(e)
-                        }
-                    }
+                    finish_or_abort(pipe, f)
                 })
             })
             .collect();

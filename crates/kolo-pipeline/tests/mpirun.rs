@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{run_stage, run_stage_wide, spec_for, totals, TestError};
+use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, TestError};
 use kolo_mpi::launcher::{self, Job};
 use kolo_mpi::MpiComm;
 use kolo_pipeline::{
@@ -125,13 +125,7 @@ fn run_engine<R: Send>(
     })?;
     let pipe = Pipeline::start(plan, options, set)?;
     let helpers = pipe.helpers();
-    let result = match f(&pipe) {
-        Ok(value) => pipe.finish().map(|()| value).map_err(TestError::from),
-        Err(e) => {
-            pipe.abort(&e.0);
-            Err(e)
-        }
-    };
+    let result = finish_or_abort(pipe, f);
     if !helpers.wait_timeout(HELPERS_TIMEOUT) {
         return Err(TestError(format!(
             "rank {}: {} helper threads still running {HELPERS_TIMEOUT:?} after the run ended \

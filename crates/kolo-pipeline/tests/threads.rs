@@ -7,7 +7,8 @@ mod common;
 mod thread_channels;
 
 use common::{
-    expected_wide, run_stage, run_stage_wide, spec_for, totals, Observer, Report, TestError,
+    expected_wide, finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Observer, Report,
+    TestError,
 };
 use kolo_pipeline::{
     duplicate_channels, run_serial, Direction, Options, Pipeline, PipelineError, PipelineSpec,
@@ -62,16 +63,7 @@ fn run<R: Send>(
             _ => return Err(TestError(format!("{engine:?} has no channels"))),
         };
         let pipe = Pipeline::start(plan, options, channels)?;
-        match f(&pipe) {
-            Ok(value) => {
-                pipe.finish()?;
-                Ok(value)
-            }
-            Err(e) => {
-                pipe.abort(&e.0);
-                Err(e)
-            }
-        }
+        finish_or_abort(pipe, &f)
     })
 }
 

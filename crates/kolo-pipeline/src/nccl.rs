@@ -171,3 +171,41 @@ fn open_pair(
         _ => Err(NcclError::InvalidArgument("a channel has two ends".into())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::TensorSpec;
+    use kolo_protocol::DataType;
+
+    /// Without a GPU (CI) the channels are an error naming the channel and
+    /// its GPUs, not a panic or a hang; with two GPUs they are both ends of
+    /// every channel.
+    #[test]
+    fn channels_are_created_or_the_error_names_the_channel() {
+        let spec = PipelineSpec::with_widths(&[1, 1]).tensor(
+            TensorSpec::new("h1", DataType::F32, 1)
+                .from_stage(0)
+                .to_stage(1),
+        );
+        let run = Options::training(2);
+        let devices = kolo_nccl::probe::platform().map_or(0, |p| p.devices);
+        match nccl_channels(&spec, &run, &NcclOptions::default(), |rank| rank) {
+            Ok(sets) => {
+                assert!(devices >= 2, "channels on {devices} GPUs");
+                let ends: Vec<usize> = sets.iter().map(ChannelSet::len).collect();
+                assert_eq!(ends, [2, 2]);
+            }
+            Err(e) => {
+                assert!(devices < 2, "{e}");
+                let text = e.to_string();
+                assert!(
+                    text.contains(
+                        "NCCL channel Activations of 'h1' from rank 0 to rank 1 (GPU 0 to GPU 1)"
+                    ),
+                    "{text}"
+                );
+            }
+        }
+    }
+}

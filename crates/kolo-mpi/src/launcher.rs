@@ -373,3 +373,47 @@ where
         stderr: err_reader.join().unwrap_or_default(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::ExitStatus;
+
+    fn output(code: i32, stdout: &str, stderr: &str) -> Output {
+        Output {
+            // A wait status: the exit code in the second byte.
+            status: ExitStatus::from_raw(code << 8),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn jobs_carry_their_arguments_environment_and_timeout() {
+        let job = Job::new("ring_np3", 3)
+            .arg("--ring")
+            .args(["--size", "64"])
+            .env("KOLO_CYCLE_TIME", "1")
+            .timeout(Duration::from_secs(5));
+        assert_eq!(job.args, ["--ring", "--size", "64"]);
+        assert_eq!(job.env, [("KOLO_CYCLE_TIME".into(), "1".into())]);
+        assert_eq!((job.np, job.timeout), (3, Duration::from_secs(5)));
+        assert_eq!(flag_value(&job.args, "--size"), Some("64"));
+        assert_eq!(flag_value(&job.args, "--ring"), Some("--size"));
+        assert_eq!(flag_value(&job.args, "--missing"), None);
+        assert_eq!(flag_value(&["--last".to_string()], "--last"), None);
+    }
+
+    #[test]
+    fn the_plain_judge_passes_exit_0_only_and_keeps_the_output() {
+        let job = Job::new("j", 2);
+        let passed = exit_status(&job, &Ok(output(0, "", "")));
+        assert_eq!(passed, [Verdict::new("j", None)]);
+        let failed = exit_status(&job, &Ok(output(3, "out", "err")));
+        let why = failed[0].failure.clone().unwrap_or_default();
+        assert!(why.contains("stdout:\nout\nstderr:\nerr"), "{why}");
+        let hung = exit_status(&job, &Err("timed out".into()));
+        assert_eq!(hung, [Verdict::new("j", Some("timed out".into()))]);
+    }
+}

@@ -14,7 +14,8 @@
 //!
 //! Build: `cargo test --release -p kolo-pipeline --features nccl --test
 //! gpu_nccl --no-run`; run the printed executable (or `cargo test
-//! --release -p kolo-pipeline --features nccl --test gpu_nccl`).
+//! --release -p kolo-pipeline --features nccl --test gpu_nccl`). It sets
+//! `NCCL_NVLS_ENABLE=0` unless the environment says otherwise.
 
 mod common;
 
@@ -40,6 +41,13 @@ enum Outcome {
 }
 
 fn main() -> ExitCode {
+    // NVLink multicast (NVLS) off unless the caller chose: every channel is
+    // a communicator of its own, and NVLS would reserve multicast memory
+    // for each (kolo-nccl's run.sh sets the same). Set before any thread
+    // exists.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
     let gpus = match kolo_nccl::probe::platform() {
         Ok(p) => {
             println!(

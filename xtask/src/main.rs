@@ -96,7 +96,7 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
     cargo(root, &args)
 }
 
-/// `cargo xtask test-gpu`: builds kolo-nccl's GPU test binaries and
+/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl, kolo-pipeline) and
 /// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
 /// kolo-nccl's `run-gpu.sh` as `run.sh`; runs it when `nvidia-smi` works
 /// here, otherwise says how to run the folder on a GPU host.
@@ -134,15 +134,20 @@ fn test_gpu(root: &Path) -> Result<()> {
         "--release",
         "-p",
         "kolo-nccl",
+        "-p",
+        "kolo-pipeline",
+        "--features",
+        "kolo-pipeline/nccl",
         "--no-run",
         "--message-format=json",
     ])?;
+    let gpu_tests = ["gpu_threads", "gpu_mpi", "gpu_nccl"];
     let mut wanted: Vec<(String, PathBuf)> = artifacts(&tests)
         .into_iter()
-        .filter(|(name, _)| name == "gpu_threads" || name == "gpu_mpi")
+        .filter(|(name, _)| gpu_tests.contains(&name.as_str()))
         .collect();
-    if wanted.len() != 2 {
-        bail!("expected the gpu_threads and gpu_mpi test executables, found {wanted:?}");
+    if wanted.len() != gpu_tests.len() {
+        bail!("expected the {gpu_tests:?} test executables, found {wanted:?}");
     }
     match build(&[
         "build",

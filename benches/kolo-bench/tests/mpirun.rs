@@ -2,9 +2,9 @@
 //! feature: `cargo test -p kolo-bench --features mpi`): one process per
 //! rank, rank 0 alone prints the tables, results checked, rows as JSON.
 
-use kolo_mpi::launcher::mpirun_self;
+use kolo_mpi::launcher::Job;
 use serde_json::Value;
-use std::time::Duration;
+use std::path::Path;
 
 /// Runs `kolo-bench args...` on `np` processes; returns stdout and the JSON
 /// rows it wrote.
@@ -14,21 +14,12 @@ fn mpirun_bench(np: usize, args: &[&str]) -> (String, Vec<Value>) {
     let mut all: Vec<&str> = args.to_vec();
     let json_arg = json.to_str().expect("a UTF-8 temporary path");
     all.extend(["--json", json_arg]);
-    let out = mpirun_self(
-        std::path::Path::new(env!("CARGO_BIN_EXE_kolo-bench")),
-        np,
-        &all,
-        &[("OMPI_MCA_mpi_yield_when_idle", "1")],
-        Duration::from_secs(300),
-    )
-    .unwrap_or_else(|why| panic!("{why}"));
+    let out = Job::new(format!("kolo-bench {args:?}"), np)
+        .args(all)
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .run_checked(Path::new(env!("CARGO_BIN_EXE_kolo-bench")))
+        .unwrap_or_else(|why| panic!("{why}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "mpirun -np {np} kolo-bench {args:?}: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
     let rows = serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file"))
         .expect("a JSON array");
     (stdout, rows)

@@ -2,6 +2,7 @@
 //! for the control plane, another for the data plane — and its topology.
 
 use crate::datatype::Types;
+use crate::error::MpiError;
 use crate::raw::check;
 use crate::runtime::{Runtime, ThreadLevel};
 use kolo_transport::{Result, Topology, TransportError};
@@ -69,6 +70,63 @@ impl MpiComm {
             local_rank,
             local_size,
             runtime,
+        })
+    }
+
+    /// A new communicator of the same ranks with message spaces of its own
+    /// (`MPI_Comm_dup` of this one's control and data communicators), for
+    /// another thread: kolo-pipeline's helper threads each own one per
+    /// channel (`kolo_pipeline::duplicate_channels`).
+    ///
+    /// **Collective.** Every rank of the communicator must call
+    /// `duplicate` the same number of times, in the same order (with other
+    /// collectives on this communicator), or the ranks that call it wait
+    /// for the others forever. Code that duplicates per channel or per
+    /// peer must therefore duplicate on every rank, also on ranks that end
+    /// up not using the duplicate.
+    ///
+    /// **Threads.** Each duplicate, like every `MpiComm`, is used from one
+    /// thread at a time; different duplicates (and the original) may be
+    /// used from different threads at once. That needs
+    /// `MPI_THREAD_MULTIPLE`: below it this returns
+    /// [`MpiError::ThreadLevel`] naming the level MPI granted, before
+    /// calling MPI (so every rank of a job, which share the level, fails
+    /// alike instead of some waiting in `MPI_Comm_dup`).
+    ///
+    /// The duplicate keeps MPI initialised: MPI is finalised when the last
+    /// `MpiComm`, original or duplicate, is dropped — which should happen
+    /// on the thread that initialised MPI.
+    pub fn duplicate(&self) -> std::result::Result<MpiComm, MpiError> {
+        let granted = self.runtime.level;
+        if granted < ThreadLevel::Multiple {
+            return Err(MpiError::ThreadLevel {
+                operation: "MpiComm::duplicate (a communicator for another thread)",
+                needed: ThreadLevel::Multiple,
+                granted,
+            });
+        }
+        // Datatypes are local (not collective): made first, so a failure
+        // here leaves no rank waiting in a collective.
+        let types = Types::create()?;
+        let control = dup(self.control)?;
+        let data = match dup(self.data) {
+            Ok(data) => data,
+            Err(e) => {
+                free_comm(control);
+                return Err(e.into());
+            }
+        };
+        Ok(MpiComm {
+            types,
+            control,
+            data,
+            in_place: self.in_place,
+            tag_ub: self.tag_ub,
+            rank: self.rank,
+            size: self.size,
+            local_rank: self.local_rank,
+            local_size: self.local_size,
+            runtime: Arc::clone(&self.runtime),
         })
     }
 

@@ -12,6 +12,11 @@
 //! process by [`MpiComm::init`], requesting `MPI_THREAD_MULTIPLE` (or
 //! `MPI_THREAD_FUNNELED` when asked to, as kolo's `KOLO_MPI_THREADS_DISABLE=1`
 //! does); [`MpiComm::thread_level`] reports what MPI granted.
+//! [`MpiComm::duplicate`] makes a communicator of the same ranks for
+//! another thread (collective; needs `MPI_THREAD_MULTIPLE`, else
+//! [`MpiError::ThreadLevel`]). [`launcher`] starts a program under
+//! `mpirun` from itself, which is how kolo's MPI tests run from
+//! `cargo test`.
 //!
 //! ```no_run
 //! use kolo_mpi::MpiComm;
@@ -40,9 +45,11 @@ mod collectives;
 mod comm;
 mod controller;
 mod datatype;
+mod error;
 pub mod launcher;
 mod raw;
 mod runtime;
 
 pub use comm::MpiComm;
+pub use error::MpiError;
 pub use runtime::{granted_thread_level, ThreadLevel};

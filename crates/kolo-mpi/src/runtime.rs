@@ -26,13 +26,30 @@ pub(crate) fn is_active() -> bool {
     ACTIVE.load(Ordering::Acquire)
 }
 
-/// The thread support level MPI granted (`MPI_Init_thread`'s `provided`).
+/// The thread support level MPI granted (`MPI_Init_thread`'s `provided`),
+/// in increasing order of support. Displayed as MPI names it
+/// (`MPI_THREAD_FUNNELED`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ThreadLevel {
+    /// `MPI_THREAD_SINGLE`: one thread in the process.
     Single,
+    /// `MPI_THREAD_FUNNELED`: only the thread that initialised MPI calls it.
     Funneled,
+    /// `MPI_THREAD_SERIALIZED`: any thread, one at a time.
     Serialized,
+    /// `MPI_THREAD_MULTIPLE`: any threads at once.
     Multiple,
+}
+
+impl std::fmt::Display for ThreadLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ThreadLevel::Single => "MPI_THREAD_SINGLE",
+            ThreadLevel::Funneled => "MPI_THREAD_FUNNELED",
+            ThreadLevel::Serialized => "MPI_THREAD_SERIALIZED",
+            ThreadLevel::Multiple => "MPI_THREAD_MULTIPLE",
+        })
+    }
 }
 
 impl ThreadLevel {

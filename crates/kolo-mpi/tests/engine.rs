@@ -19,12 +19,12 @@ mod engine {
     pub mod timeline;
 }
 
-use engine::outcome::{self, Verdict};
+use engine::outcome;
 use kolo::Kolo;
-use kolo_mpi::launcher::{mpirun_self, under_mpirun};
+use kolo_mpi::launcher::{self, Job, Verdict};
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest a job may take before it counts as hung (generous: CI
 /// oversubscribes 4 processes on 2 cores).
@@ -57,52 +57,41 @@ impl Role {
     }
 }
 
-/// One `mpirun` job.
-struct Job {
-    name: String,
-    np: usize,
-    role: Role,
-    env: Vec<(&'static str, String)>,
-}
-
 /// The jobs: the suite at 2, 3 and 4 processes with the default settings
 /// (and a timeline), the suite at 3 processes with the response cache and
-/// fusion off and `KOLO_MPI_THREADS_DISABLE=1`, and the two failures.
+/// fusion off and `KOLO_MPI_THREADS_DISABLE=1`, and the two failures. Each
+/// job's first two arguments are `--role NAME`.
 fn jobs(dir: &Path) -> Vec<Job> {
+    let job = |name: String, np: usize, role: Role| {
+        let job = Job::new(name, np)
+            .arg("--role")
+            .arg(role.name())
+            .timeout(JOB_TIMEOUT);
+        common_env()
+            .into_iter()
+            .fold(job, |job, (k, v)| job.env(k, v))
+    };
     let mut jobs: Vec<Job> = [2, 3, 4]
         .into_iter()
-        .map(|np| Job {
-            name: format!("engine_np{np}"),
-            np,
-            role: Role::Suite,
-            env: vec![(
+        .map(|np| {
+            job(format!("engine_np{np}"), np, Role::Suite).env(
                 "KOLO_TIMELINE",
                 timeline_path(dir, np).display().to_string(),
-            )],
+            )
         })
         .collect();
-    jobs.push(Job {
-        name: "engine_np3_no_cache_no_fusion_funneled".into(),
-        np: 3,
-        role: Role::Suite,
-        env: vec![
-            ("KOLO_CACHE_CAPACITY", "0".into()),
-            ("KOLO_FUSION_THRESHOLD", "0".into()),
-            ("KOLO_MPI_THREADS_DISABLE", "1".into()),
-        ],
-    });
-    jobs.push(Job {
-        name: "rank1_panics_np3".into(),
-        np: 3,
-        role: Role::FailPanic,
-        env: Vec::new(),
-    });
-    jobs.push(Job {
-        name: "rank1_exits_np2".into(),
-        np: 2,
-        role: Role::FailExit,
-        env: Vec::new(),
-    });
+    jobs.push(
+        job(
+            "engine_np3_no_cache_no_fusion_funneled".into(),
+            3,
+            Role::Suite,
+        )
+        .env("KOLO_CACHE_CAPACITY", "0")
+        .env("KOLO_FUSION_THRESHOLD", "0")
+        .env("KOLO_MPI_THREADS_DISABLE", "1"),
+    );
+    jobs.push(job("rank1_panics_np3".into(), 3, Role::FailPanic));
+    jobs.push(job("rank1_exits_np2".into(), 2, Role::FailExit));
     jobs
 }
 
@@ -113,92 +102,53 @@ fn timeline_path(dir: &Path, np: usize) -> std::path::PathBuf {
 /// Settings every job shares: a short cycle (idle ranks answer quickly)
 /// and OpenMPI yielding the CPU while it waits (4 busy-polling processes on
 /// 2 cores would starve each other).
-fn common_env() -> Vec<(&'static str, String)> {
+fn common_env() -> Vec<(&'static str, &'static str)> {
     vec![
-        ("KOLO_CYCLE_TIME", "1".into()),
-        ("OMPI_MCA_mpi_yield_when_idle", "1".into()),
+        ("KOLO_CYCLE_TIME", "1"),
+        ("OMPI_MCA_mpi_yield_when_idle", "1"),
     ]
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if under_mpirun() {
-        return match args.iter().position(|a| a == "--role") {
-            Some(i) => match args.get(i + 1).and_then(|r| Role::parse(r)) {
-                Some(role) => rank_main(role),
-                None => {
-                    eprintln!("unknown --role in {args:?}");
-                    ExitCode::FAILURE
-                }
-            },
+    launcher::main_with(
+        |args| match launcher::flag_value(args, "--role").map(Role::parse) {
+            Some(Some(role)) => rank_main(role),
+            Some(None) => Err(format!("unknown --role in {args:?}")),
             // Started by mpirun without a role: not one of our jobs.
-            None => {
-                eprintln!("engine test: run it through cargo test, not mpirun");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    // libtest's flags (`--list`, filters) are not supported; `--list` must
-    // not start MPI jobs.
-    if args.iter().any(|a| a == "--list") {
-        return ExitCode::SUCCESS;
-    }
-    harness()
+            None => Err("engine test: run it through cargo test, not mpirun".into()),
+        },
+        harness,
+    )
 }
 
-/// The parent: runs every job and reports each of its cases.
-fn harness() -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!("cannot find this test binary: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+/// The parent: runs every job and judges each of its cases.
+fn harness(exe: &Path) -> Vec<Verdict> {
     let dir = match tempfile::tempdir() {
         Ok(dir) => dir,
         Err(e) => {
-            eprintln!("cannot create a temporary directory: {e}");
-            return ExitCode::FAILURE;
+            let why = format!("cannot create a temporary directory: {e}");
+            return vec![Verdict::new("engine_setup", Some(why))];
         }
     };
-    let started = Instant::now();
-    let mut verdicts: Vec<Verdict> = Vec::new();
+    let jobs = jobs(dir.path());
     let mut digests = Vec::new();
-    for job in jobs(dir.path()) {
-        let mut env = common_env();
-        env.extend(job.env.iter().cloned());
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let t0 = Instant::now();
-        let result = mpirun_self(&exe, job.np, ["--role", job.role.name()], &env, JOB_TIMEOUT);
-        println!(
-            "# {} (mpirun -np {}): {:.1} s",
-            job.name,
-            job.np,
-            t0.elapsed().as_secs_f64()
-        );
-        let mut job_verdicts = match job.role {
-            Role::Suite => {
-                let mut v = outcome::suite(&job.name, job.np, &result);
-                if let Ok(output) = result.as_ref() {
-                    digests.push((job.name.clone(), job.np, outcome::digests(output)));
-                }
-                if job.env.iter().any(|(k, _)| *k == "KOLO_TIMELINE") {
-                    v.push(engine::timeline::check(
-                        &job.name,
-                        &timeline_path(dir.path(), job.np),
-                        job.np,
-                    ));
-                }
-                v
-            }
-            Role::FailPanic | Role::FailExit => vec![outcome::failure(&job.name, 1, &result)],
-        };
-        for verdict in &job_verdicts {
-            verdict.print();
+    let mut verdicts = launcher::run_jobs(exe, &jobs, |job, result| {
+        if job.args.iter().all(|a| a != Role::Suite.name()) {
+            return vec![outcome::failure(&job.name, 1, result)];
         }
-        verdicts.append(&mut job_verdicts);
-    }
+        let mut v = outcome::suite(&job.name, job.np, result);
+        if let Ok(output) = result.as_ref() {
+            digests.push((job.name.clone(), job.np, outcome::digests(output)));
+        }
+        if job.env.iter().any(|(k, _)| k == "KOLO_TIMELINE") {
+            v.push(engine::timeline::check(
+                &job.name,
+                &timeline_path(dir.path(), job.np),
+                job.np,
+            ));
+        }
+        v
+    });
     let identical = outcome::compare_digests(
         "engine_np3",
         "engine_np3_no_cache_no_fusion_funneled",
@@ -206,40 +156,21 @@ fn harness() -> ExitCode {
     );
     identical.print();
     verdicts.push(identical);
-
-    let failed = verdicts.iter().filter(|v| v.failure.is_some()).count();
-    let passed = verdicts.len() - failed;
-    println!(
-        "\ntest result: {}. {passed} passed; {failed} failed; finished in {:.2}s",
-        if failed == 0 { "ok" } else { "FAILED" },
-        started.elapsed().as_secs_f64()
-    );
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    verdicts
 }
 
 /// One rank of a job.
-fn rank_main(role: Role) -> ExitCode {
-    let config = match kolo::Config::from_env() {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("KOLO_* settings: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let kolo = match Kolo::init_mpi(config) {
-        Ok(kolo) => kolo,
-        Err(e) => {
-            eprintln!("Kolo::init_mpi: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match role {
+fn rank_main(role: Role) -> Result<(), String> {
+    let config = kolo::Config::from_env().map_err(|e| format!("KOLO_* settings: {e}"))?;
+    let kolo = Kolo::init_mpi(config).map_err(|e| format!("Kolo::init_mpi: {e}"))?;
+    let code = match role {
         Role::Suite => engine::cases::run_all(&kolo),
         Role::FailPanic => engine::failure::train(&kolo, engine::failure::Fault::Panic),
         Role::FailExit => engine::failure::train(&kolo, engine::failure::Fault::Exit),
+    };
+    if code == ExitCode::SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("role {} failed on this rank", role.name()))
     }
 }

@@ -1,72 +1,38 @@
-//! The kolo-conformance suite on the MPI backend under a real `mpirun`.
+//! The kolo-conformance suite on the MPI backend under a real `mpirun`,
+//! and `MpiComm::duplicate`.
 //!
 //! `cargo test` runs this binary directly; it then re-runs itself under
-//! `mpirun -np 2`, `-np 3` and `-np 4`, where each process is one rank that
-//! runs the suite on `MpiComm`'s native MPI collectives and on kolo's
-//! generic point-to-point algorithms over MPI send / recv.
+//! `mpirun -np 2`, `-np 3` and `-np 4` (see `kolo_mpi::launcher`), where
+//! each process is one rank that runs the suite on `MpiComm`'s native MPI
+//! collectives and on kolo's generic point-to-point algorithms over MPI
+//! send / recv, then checks that duplicates used from other threads at the
+//! same time keep their messages apart. A last job initialises MPI
+//! `FUNNELED` and checks that `duplicate` refuses, naming the level.
 
 use kolo_conformance::{random_cases, run_random_cases, run_suite, RandomOp, SuiteOptions};
-use kolo_mpi::launcher::{mpirun_self, under_mpirun};
-use kolo_mpi::MpiComm;
-use kolo_transport::{Generic, Topology};
-use std::time::{Duration, Instant};
+use kolo_mpi::launcher::{self, Job};
+use kolo_mpi::{MpiComm, MpiError, ThreadLevel};
+use kolo_transport::{Collectives, Generic, Topology};
+use std::process::ExitCode;
+use std::time::Instant;
 
-fn main() {
-    if under_mpirun() {
-        std::process::exit(match rank_main() {
-            Ok(()) => 0,
-            Err(message) => {
-                eprintln!("{message}");
-                1
-            }
-        });
-    }
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            eprintln!("cannot find this test binary: {e}");
-            std::process::exit(1);
+fn main() -> ExitCode {
+    let mut jobs: Vec<Job> = [2usize, 3, 4]
+        .into_iter()
+        .map(|np| Job::new(format!("mpi_conformance_np{np}"), np))
+        .collect();
+    jobs.push(Job::new("mpi_duplicate_refused_when_funneled_np2", 2).arg("--funneled"));
+    launcher::main(jobs, |args| {
+        if args.iter().any(|a| a == "--funneled") {
+            funneled_refuses_duplicates()
+        } else {
+            rank_main()
         }
-    };
-    let mut failed = 0;
-    let sizes = [2usize, 3, 4];
-    for np in sizes {
-        let name = format!("mpi_conformance_np{np}");
-        match mpirun_self(
-            &exe,
-            np,
-            std::iter::empty::<&str>(),
-            &[],
-            Duration::from_secs(600),
-        ) {
-            Ok(out) if out.status.success() => {
-                println!("test {name} ... ok");
-                print!("{}", String::from_utf8_lossy(&out.stdout));
-            }
-            Ok(out) => {
-                failed += 1;
-                println!("test {name} ... FAILED ({})", out.status);
-                println!("stdout:\n{}", String::from_utf8_lossy(&out.stdout));
-                println!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
-            }
-            Err(message) => {
-                failed += 1;
-                println!("test {name} ... FAILED\n{message}");
-            }
-        }
-    }
-    let passed = sizes.len() - failed;
-    println!(
-        "\ntest result: {}. {passed} passed; {failed} failed",
-        if failed == 0 { "ok" } else { "FAILED" }
-    );
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    })
 }
 
 /// One rank: native MPI collectives, then the generic algorithms over MPI
-/// point-to-point, then random sequences of collectives.
+/// point-to-point, then random sequences of collectives, then duplicates.
 fn rank_main() -> Result<(), String> {
     let mut comm = MpiComm::init(false).map_err(|e| format!("MPI init: {e}"))?;
     let rank = comm.rank();
@@ -104,10 +70,91 @@ fn rank_main() -> Result<(), String> {
         .collect();
     let random = run_random_cases(&mut comm, &cases)
         .map_err(|e| format!("rank {rank}, random sequence: {e}"))?;
+    duplicates_keep_messages_apart(&mut comm)?;
     if rank == 0 {
         println!(
-            "  native: {native} ({native_time:.1?})\n  generic: {generic} ({generic_time:.1?})\n  random: {random}"
+            "  native: {native} ({native_time:.1?})\n  generic: {generic} ({generic_time:.1?})\n  random: {random}\n  duplicates: ok"
         );
     }
     Ok(())
+}
+
+/// Three duplicates, each driven by a thread of its own at the same time
+/// as the original on this thread, all sending a ring message with the
+/// same tag: each must receive its own communicator's message. Then the
+/// quick conformance suite on a duplicate.
+fn duplicates_keep_messages_apart(comm: &mut MpiComm) -> Result<(), String> {
+    let (rank, size) = (comm.rank(), comm.size());
+    if comm.thread_level() < ThreadLevel::Multiple {
+        return Err(format!(
+            "rank {rank}: MPI granted {}, the duplicate checks need MPI_THREAD_MULTIPLE",
+            comm.thread_level()
+        ));
+    }
+    let mut dups = Vec::new();
+    for _ in 0..3 {
+        dups.push(comm.duplicate().map_err(|e| format!("rank {rank}: {e}"))?);
+    }
+    let ring = |comm: &mut MpiComm, which: u32| -> Result<(), String> {
+        let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+        let mine = vec![i64::from(which) * 1000 + rank as i64; 1 << 16];
+        let mut got = vec![0i64; 1 << 16];
+        comm.sendrecv(&mine, next, &mut got, prev, 7)
+            .map_err(|e| format!("rank {rank}, communicator {which}: {e}"))?;
+        let want = i64::from(which) * 1000 + prev as i64;
+        if got.iter().any(|&v| v != want) {
+            return Err(format!(
+                "rank {rank}, communicator {which}: got {} from rank {prev}, want {want}",
+                got[0]
+            ));
+        }
+        Ok(())
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = dups
+            .iter_mut()
+            .enumerate()
+            .map(|(i, dup)| scope.spawn(move || ring(dup, i as u32 + 1)))
+            .collect();
+        let mut outcome = ring(comm, 0);
+        for handle in handles {
+            let joined = handle
+                .join()
+                .unwrap_or_else(|_| Err(format!("rank {rank}: a duplicate's thread panicked")));
+            outcome = outcome.and(joined);
+        }
+        outcome
+    })?;
+    let quick = SuiteOptions {
+        unordered_p2p: false,
+        ..SuiteOptions::quick()
+    };
+    let dup = dups.first_mut().ok_or("no duplicate")?;
+    run_suite(dup, &quick).map_err(|e| format!("rank {rank}, suite on a duplicate: {e}"))?;
+    Ok(())
+}
+
+/// With MPI initialised FUNNELED, `duplicate` is an error naming the level.
+fn funneled_refuses_duplicates() -> Result<(), String> {
+    let mut comm = MpiComm::init(true).map_err(|e| format!("MPI init: {e}"))?;
+    let level = comm.thread_level();
+    match comm.duplicate() {
+        Err(e @ MpiError::ThreadLevel { .. }) if level < ThreadLevel::Multiple => {
+            let text = e.to_string();
+            if !text.contains(&level.to_string()) || !text.contains("MPI_THREAD_MULTIPLE") {
+                return Err(format!("the error does not name the levels: {text}"));
+            }
+            if comm.rank() == 0 {
+                println!("  {text}");
+            }
+        }
+        Ok(_) if level == ThreadLevel::Multiple => {}
+        other => {
+            return Err(format!(
+                "MPI granted {level}; duplicate gave {:?}",
+                other.map(|_| "a communicator")
+            ))
+        }
+    }
+    comm.barrier().map_err(|e| e.to_string())
 }

@@ -12,13 +12,13 @@
 //!
 //! A [`ChannelFactory`] opens this rank's end of a channel. In-process
 //! backends (kolo-threads, NCCL in thread mode) build both ends at once
-//! with [`pair_channels`]; a multi-process backend duplicates its world
-//! communicator once per entry of [`crate::channels`], on every rank in
-//! that order.
+//! with [`pair_channels`]; a multi-process backend (MPI) duplicates its
+//! world communicator once per entry of [`crate::channels`], on every rank
+//! in that order, with [`duplicate_channels`].
 
 use crate::error::PipelineError;
 use crate::options::Options;
-use crate::plan::channels;
+use crate::plan::{channels, StagePlan};
 use crate::spec::PipelineSpec;
 use kolo_transport::Collectives;
 use std::collections::HashMap;
@@ -180,3 +180,85 @@ where
     }
     Ok(sets)
 }
+
+/// Builds this rank's channel ends for a backend whose communicators are
+/// duplicated collectively, such as MPI (`MpiComm::duplicate`, an
+/// `MPI_Comm_dup`): one duplicate of the world communicator per channel,
+/// the peer addressed by its global rank.
+///
+/// `duplicate` is called once for **every** entry of [`crate::channels`]
+/// — the whole pipeline's list, the same on every rank — in that order,
+/// also for the channels this rank is not on, because a collective
+/// duplicate returns only when every rank of the communicator has called
+/// it, as often and in the same order. The duplicates of this rank's
+/// channels are kept; the others are dropped at once. So call it on every
+/// rank at the same point of the program (with no other collective of the
+/// world communicator in between on some ranks only), with the same spec
+/// and options. The order of the list and the number of calls depend on
+/// the spec and options only: a description invalid on one rank is
+/// invalid on all, and is returned before any call.
+///
+/// Each duplicate must be a communicator of the whole world (the plan's
+/// ranks); one that is not is an error naming both. A `duplicate` that
+/// fails on some ranks only leaves the others waiting in theirs: for MPI,
+/// end the job (`MpiComm::abort`).
+///
+/// ```no_run
+/// use kolo_mpi::MpiComm;
+/// use kolo_pipeline::{duplicate_channels, Options, Pipeline, PipelineError, PipelineSpec, StagePlan};
+/// use kolo_transport::Topology;
+///
+/// let comm = MpiComm::init(false)?; // MPI_THREAD_MULTIPLE
+/// let spec = PipelineSpec::with_widths(&[1, 2, 1]);
+/// let options = Options::training(8);
+/// let plan = StagePlan::new(&spec, comm.rank())?;
+/// let set = duplicate_channels(&plan, &options, |_key| {
+///     comm.duplicate().map_err(|e| PipelineError::Start(e.to_string()))
+/// })?;
+/// let pipe = Pipeline::start(plan, options, set)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn duplicate_channels<B, F>(
+    plan: &StagePlan,
+    options: &Options,
+    mut duplicate: F,
+) -> Result<ChannelSet<B>, PipelineError>
+where
+    B: Collectives,
+    F: FnMut(&ChannelKey) -> Result<B, PipelineError>,
+{
+    let rank = plan.rank();
+    let world = plan.spec().world_size;
+    let mut set = ChannelSet {
+        rank,
+        ends: HashMap::new(),
+    };
+    let mut wrong = None;
+    for key in channels(plan.spec(), options)? {
+        let comm = duplicate(&key)?;
+        let peer = if key.sender == rank {
+            key.receiver
+        } else if key.receiver == rank {
+            key.sender
+        } else {
+            continue;
+        };
+        if (comm.rank(), comm.size()) != (rank, world) && wrong.is_none() {
+            wrong = Some(PipelineError::Start(format!(
+                "the duplicate for channel {key} is rank {} of {}, but the plan is rank \
+                 {rank} of {world}: duplicate the world communicator",
+                comm.rank(),
+                comm.size()
+            )));
+        }
+        set.ends.insert(key, Endpoint { comm, peer });
+    }
+    match wrong {
+        Some(e) => Err(e),
+        None => Ok(set),
+    }
+}
+
+#[cfg(test)]
+#[path = "channels_tests.rs"]
+mod tests;

@@ -18,10 +18,12 @@
 //! Two engines move the messages. [`Pipeline::start`] runs PipeDream's
 //! helper threads: one per (tensor, peer, direction) link, each owning a
 //! communicator for its one-way channel from a [`ChannelFactory`] (with
-//! kolo-threads, [`pair_channels`]), so a receive blocked on one peer never
-//! holds up a send to another. [`run_serial`] serves one communicator (MPI's
-//! one per process) from one loop, posting receives in the order the stage
-//! asks for them and the queued sends just before them.
+//! kolo-threads, [`pair_channels`]; with MPI, [`duplicate_channels`] over
+//! `MpiComm::duplicate`; with the `nccl` feature, `nccl::nccl_channels`),
+//! so a receive blocked on one peer never holds up a send to another.
+//! [`run_serial`] serves a single communicator (MPI initialised
+//! `FUNNELED`) from one loop, posting receives in the order the stage asks
+//! for them and the queued sends just before them.
 //!
 //! A peer that fails, leaves or gives up makes its neighbours' calls fail
 //! with [`PipelineError::PeerFailed`] naming its rank and stage (and, when
@@ -75,6 +77,8 @@ mod channels;
 mod error;
 mod link;
 mod link_state;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod options;
 mod pipeline;
 mod plan;
@@ -85,8 +89,12 @@ mod tensor;
 mod threaded;
 mod wire;
 
-pub use channels::{pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet, Endpoint};
+pub use channels::{
+    duplicate_channels, pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet,
+    Endpoint,
+};
 pub use error::{PipelineError, PlanError, TensorError};
+pub use link_state::Helpers;
 pub use options::{Direction, Mode, Options};
 pub use pipeline::Pipeline;
 pub use plan::{channels, StagePlan, TensorRoute};

@@ -2,13 +2,15 @@
 //! moves its messages (a helper thread, or the serial engine's loop): the
 //! queue of received tensors by minibatch, the send and ack counts, and the
 //! link's failure. Also [`Counter`], the running-helpers count callers
-//! wait on.
+//! wait on, and [`Helpers`], a caller's handle on it.
 
 use crate::error::PipelineError;
 use crate::link::Link;
 use crate::tensor::Tensor;
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(Default)]
 struct Inner {
@@ -211,6 +213,49 @@ impl Counter {
         while *running > 0 {
             self.cond.wait(&mut running);
         }
+    }
+
+    /// Returns once no helper runs (true) or after `timeout` (false).
+    pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut running = self.running.lock();
+        while *running > 0 {
+            if self.cond.wait_until(&mut running, deadline).timed_out() {
+                return *running == 0;
+            }
+        }
+        true
+    }
+}
+
+/// A handle on a pipeline's helper threads that outlives the
+/// [`crate::Pipeline`] (from [`crate::Pipeline::helpers`]).
+///
+/// After [`crate::Pipeline::abort`] (or a drop) the helpers are not
+/// joined: each ends once its peer has sent what it owed or aborted too.
+/// A backend that must outlive its communicators' last use — MPI, which a
+/// process should finalise only when no helper is inside an MPI call, on
+/// the thread that initialised it — waits for them here first, bounded.
+#[derive(Clone)]
+pub struct Helpers(pub(crate) Arc<Counter>);
+
+impl Helpers {
+    /// How many helper threads still run.
+    pub fn running(&self) -> usize {
+        self.0.running()
+    }
+
+    /// Waits until no helper runs, at most `timeout`; true when none does.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        self.0.wait_timeout(timeout)
+    }
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helpers")
+            .field("running", &self.running())
+            .finish()
     }
 }
 

@@ -6,7 +6,7 @@
 use crate::channels::ChannelFactory;
 use crate::error::PipelineError;
 use crate::link::Role;
-use crate::link_state::{Counter, LinkState};
+use crate::link_state::{Counter, Helpers, LinkState};
 use crate::options::{Direction, Options};
 use crate::plan::StagePlan;
 use crate::schedule;
@@ -24,7 +24,7 @@ pub(crate) struct Core {
     pub(crate) options: Options,
     pub(crate) links: Vec<LinkState>,
     index: HashMap<(usize, Direction, usize), usize>,
-    pub(crate) helpers: Counter,
+    pub(crate) helpers: Arc<Counter>,
     /// Why this rank gave up, sent to peers still waiting on it.
     abort_reason: Mutex<Option<String>>,
 }
@@ -47,7 +47,7 @@ impl Core {
             options,
             links,
             index,
-            helpers: Counter::default(),
+            helpers: Arc::default(),
             abort_reason: Mutex::new(None),
         })
     }
@@ -186,6 +186,13 @@ impl Pipeline {
     /// mode).
     pub fn helpers_running(&self) -> usize {
         self.core.helpers.running()
+    }
+
+    /// A handle on this rank's helper threads that outlives the pipeline:
+    /// after an abort, wait on it before tearing down a backend they use
+    /// (see [`Helpers`]). Serial mode has none (it always reports 0).
+    pub fn helpers(&self) -> Helpers {
+        Helpers(Arc::clone(&self.core.helpers))
     }
 
     /// Waits until every message of this rank's links has moved: every

@@ -1,5 +1,5 @@
-//! The serial engine: one communicator, one loop. For backends of which a
-//! process has a single communicator (MPI today), [`run_serial`] runs the
+//! The serial engine: one communicator, one loop. For a process with a
+//! single communicator (MPI initialised `FUNNELED`), [`run_serial`] runs the
 //! caller's closure on a thread of its own and serves its sends and
 //! receives from the calling thread, which owns the communicator.
 //!

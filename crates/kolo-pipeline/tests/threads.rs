@@ -1,31 +1,38 @@
 //! kolo-pipeline over kolo-threads, with both engines: helper threads
-//! with a two-rank communicator per channel, and the serial loop over each
-//! rank's world communicator.
+//! with a two-rank communicator per channel (`pair_channels`) or a world
+//! communicator per channel (`duplicate_channels`, as under MPI), and the
+//! serial loop over each rank's world communicator.
 
 mod common;
+mod thread_channels;
 
 use common::{
-    expected_wide, run_stage, run_stage_wide, spec_for, totals, Observer, Report, TestError,
+    expected_wide, finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Observer, Report,
+    TestError,
 };
 use kolo_pipeline::{
-    pair_channels, run_serial, ChannelSet, Direction, Options, Pipeline, PipelineError,
-    PipelineSpec, StagePlan, Tensor,
+    duplicate_channels, run_serial, Direction, Options, Pipeline, PipelineError, PipelineSpec,
+    StagePlan, Tensor,
 };
 use kolo_protocol::DataType;
-use kolo_threads::{RunError, ThreadComm, Topology};
+use kolo_threads::{RunError, Topology};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use thread_channels::{thread_channels, world_channels};
 
 const WIDTHS: [&[usize]; 4] = [&[1, 1], &[1, 2, 1], &[2, 3], &[1, 3, 2, 1]];
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Engine {
+    /// Helper threads over `pair_channels`.
     Threaded,
+    /// Helper threads over `duplicate_channels`.
+    Duplicated,
     Serial,
 }
 
-const ENGINES: [Engine; 2] = [Engine::Threaded, Engine::Serial];
+const ENGINES: [Engine; 3] = [Engine::Threaded, Engine::Duplicated, Engine::Serial];
 
 /// Runs `f` on every rank of `spec` with `engine`; the pipeline is
 /// finished after `f` returns `Ok` and aborted with its error otherwise.
@@ -35,34 +42,29 @@ fn run<R: Send>(
     options: Options,
     f: impl Fn(&Pipeline) -> Result<R, TestError> + Sync,
 ) -> Result<Vec<R>, RunError> {
-    match engine {
-        Engine::Threaded => {
-            let sets = thread_channels(spec, &options);
-            kolo_threads::run(spec.world_size, |comm| {
-                let rank = comm.rank();
-                let channels = sets[rank]
-                    .lock()
-                    .map_err(|_| TestError("poisoned".into()))?
-                    .take()
-                    .ok_or_else(|| TestError(format!("rank {rank}'s channels are gone")))?;
-                let pipe = Pipeline::start(StagePlan::new(spec, rank)?, options, channels)?;
-                match f(&pipe) {
-                    Ok(value) => {
-                        pipe.finish()?;
-                        Ok(value)
-                    }
-                    Err(e) => {
-                        pipe.abort(&e.0);
-                        Err(e)
-                    }
-                }
-            })
-        }
-        Engine::Serial => kolo_threads::run(spec.world_size, |comm| {
+    if engine == Engine::Serial {
+        return kolo_threads::run(spec.world_size, |comm| {
             let plan = StagePlan::new(spec, comm.rank())?;
             run_serial(plan, options, comm, &f)
-        }),
+        });
     }
+    let pairs = (engine == Engine::Threaded).then(|| thread_channels(spec, &options));
+    let world = (engine == Engine::Duplicated).then(|| world_channels(spec, &options));
+    kolo_threads::run(spec.world_size, |comm| {
+        let rank = comm.rank();
+        let plan = StagePlan::new(spec, rank)?;
+        let channels = match (&pairs, &world) {
+            (Some(sets), _) => sets[rank]
+                .lock()
+                .map_err(|_| TestError("poisoned".into()))?
+                .take()
+                .ok_or_else(|| TestError(format!("rank {rank}'s channels are gone")))?,
+            (_, Some(world)) => duplicate_channels(&plan, &options, |key| world.take(key, rank))?,
+            _ => return Err(TestError(format!("{engine:?} has no channels"))),
+        };
+        let pipe = Pipeline::start(plan, options, channels)?;
+        finish_or_abort(pipe, &f)
+    })
 }
 
 /// A tensor of [`run_stage`]'s shape and values.
@@ -73,22 +75,6 @@ fn expected(
     direction: Direction,
 ) -> Result<Tensor, kolo_pipeline::TensorError> {
     expected_wide(name, dtype, g, direction, 4)
-}
-
-type Sets = Vec<Mutex<Option<ChannelSet<ThreadComm>>>>;
-
-fn thread_channels(spec: &PipelineSpec, options: &Options) -> Sets {
-    let sets = pair_channels(spec, options, |_| {
-        let mut comms =
-            kolo_threads::communicators(2).map_err(|e| PipelineError::Start(e.to_string()))?;
-        let receiver = comms.pop();
-        comms
-            .pop()
-            .zip(receiver)
-            .ok_or_else(|| PipelineError::Start("no communicators".into()))
-    })
-    .unwrap_or_else(|e| panic!("channels: {e}"));
-    sets.into_iter().map(|s| Mutex::new(Some(s))).collect()
 }
 
 fn check_totals(widths: &[usize], iterations: u64, forward_only: bool, reports: &[Report]) {

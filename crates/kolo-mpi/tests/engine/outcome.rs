@@ -2,6 +2,7 @@
 //! text the ranks printed).
 
 use super::cases::CASES;
+use kolo_mpi::launcher::{streams as text, Verdict};
 use std::process::Output;
 
 /// The marker of a rank's case line: `kolo-case NAME RANK ok` or
@@ -9,35 +10,6 @@ use std::process::Output;
 pub const CASE: &str = "kolo-case";
 /// The marker of a rank's result digest: `kolo-digest NAME RANK HEX`.
 pub const DIGEST: &str = "kolo-digest";
-
-/// One reported test: its name and, when it failed, why.
-pub struct Verdict {
-    pub name: String,
-    pub failure: Option<String>,
-}
-
-impl Verdict {
-    pub fn new(name: String, failure: Option<String>) -> Verdict {
-        Verdict { name, failure }
-    }
-
-    /// libtest's line for it (and the reason when it failed).
-    pub fn print(&self) {
-        match &self.failure {
-            None => println!("test {} ... ok", self.name),
-            Some(why) => println!("test {} ... FAILED\n{why}", self.name),
-        }
-    }
-}
-
-/// Both streams of a job, for messages.
-fn text(output: &Output) -> String {
-    format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// The verdict of every case of a suite job with `np` ranks, plus one for
 /// the job's exit status.

@@ -2,7 +2,7 @@
 //! negotiation with a ready tick per rank, the fused operation's
 //! activities, and each operation's end with dtype and shape.
 
-use super::outcome::Verdict;
+use kolo_mpi::launcher::Verdict;
 use serde_json::Value;
 use std::path::Path;
 

@@ -100,6 +100,25 @@ pub fn expected_wide(
     }
 }
 
+/// Runs `f` as this rank's stage on `pipe`: the pipeline is finished when
+/// `f` returns `Ok`, and aborted with `f`'s error (its neighbours then fail
+/// naming this rank) otherwise.
+pub fn finish_or_abort<R>(
+    pipe: Pipeline,
+    f: impl FnOnce(&Pipeline) -> Result<R, TestError>,
+) -> Result<R, TestError> {
+    match f(&pipe) {
+        Ok(value) => {
+            pipe.finish()?;
+            Ok(value)
+        }
+        Err(e) => {
+            pipe.abort(&e.0);
+            Err(e)
+        }
+    }
+}
+
 /// What one stage did in a run.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {

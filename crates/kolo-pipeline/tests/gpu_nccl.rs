@@ -1,0 +1,267 @@
+//! kolo-pipeline over NCCL on real GPUs: every channel a two-rank NCCL
+//! communicator (`kolo_pipeline::nccl::nccl_channels`), ranks as threads of
+//! this process (kolo-nccl's thread mode), rank r on GPU r % GPUs, host
+//! tensors moved GPU to GPU through kolo-nccl's `HostStaging`.
+//!
+//! Widths 1, 1 and 1, 2, 1: training runs of 12 and 7 minibatches, a
+//! forward-only run with acks, tensors of 8 to 24 MiB, and (1, 2, 1) a
+//! failing stage whose neighbours must fail naming it. One `PASS` or
+//! `FAIL` line per check; widths with more ranks than GPUs are attempted
+//! and, when NCCL (or kolo-nccl, which checks first) refuses two ranks of
+//! a channel on one GPU, reported as `SKIP` with the refusal. Every check
+//! runs under a watchdog: one that hangs is a `FAIL` and ends the binary.
+//! Without a GPU (or NCCL) it prints `skipped: ...` and exits 0.
+//!
+//! Build: `cargo test --release -p kolo-pipeline --features nccl --test
+//! gpu_nccl --no-run`; run the printed executable (or `cargo test
+//! --release -p kolo-pipeline --features nccl --test gpu_nccl`). It sets
+//! `NCCL_NVLS_ENABLE=0` unless the environment says otherwise.
+
+mod common;
+
+use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Report, TestError};
+use kolo_nccl::NcclOptions;
+use kolo_pipeline::nccl::{nccl_channels, NcclChannel};
+use kolo_pipeline::{ChannelSet, Direction, Options, Pipeline, PipelineSpec, StagePlan};
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The bound on one check, channel set-up included.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// NCCL operations pending longer fail (a lost peer must not hang).
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What one check gives: passed, skipped (why), or failed (why).
+enum Outcome {
+    Pass(String),
+    Skip(String),
+    Fail(String),
+}
+
+fn main() -> ExitCode {
+    // NVLink multicast (NVLS) off unless the caller chose: every channel is
+    // a communicator of its own, and NVLS would reserve multicast memory
+    // for each (kolo-nccl's run.sh sets the same). Set before any thread
+    // exists.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
+    }
+    let gpus = match kolo_nccl::probe::platform() {
+        Ok(p) => {
+            println!(
+                "{} GPU(s), NCCL {} from {}",
+                p.devices,
+                kolo_nccl::probe::version_string(p.nccl_version),
+                p.nccl_library
+            );
+            p.devices
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device or NCCL ({e})");
+            return ExitCode::SUCCESS;
+        }
+    };
+    if gpus < 2 {
+        println!("skipped: NCCL channels need 2 GPUs, {gpus} visible");
+        return ExitCode::SUCCESS;
+    }
+    let runs = [
+        ("training_12", Options::training(12), 4),
+        ("training_7", Options::training(7), 4),
+        ("forward_only_9_window_2", Options::forward_only(9, 2), 4),
+        ("training_4_8_to_24_MiB", Options::training(4), 2 << 20),
+    ];
+    let mut failed = 0;
+    for widths in [&[1usize, 1][..], &[1, 2, 1]] {
+        let mut checks: Vec<(String, Box<dyn FnOnce() -> Outcome + Send>)> = runs
+            .iter()
+            .map(|&(label, options, cols)| {
+                let check: Box<dyn FnOnce() -> Outcome + Send> =
+                    Box::new(move || stage_run(widths, gpus, options, cols));
+                (label.to_string(), check)
+            })
+            .collect();
+        if widths == [1, 2, 1] {
+            checks.push((
+                "failing_stage_is_named".into(),
+                Box::new(move || failing_stage(gpus)),
+            ));
+        }
+        for (label, check) in checks {
+            let name = format!("nccl widths {widths:?} {label}");
+            let started = Instant::now();
+            match bounded(check) {
+                Outcome::Pass(note) => println!(
+                    "PASS {name} ({:.1} s){note}",
+                    started.elapsed().as_secs_f64()
+                ),
+                Outcome::Skip(why) => {
+                    println!("SKIP {name}: {why}");
+                    // The same refusal for every run of these widths.
+                    break;
+                }
+                Outcome::Fail(why) => {
+                    failed += 1;
+                    println!("FAIL {name}: {why}");
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        println!("gpu_nccl: {failed} check(s) FAILED");
+        return ExitCode::FAILURE;
+    }
+    println!("gpu_nccl: all checks passed");
+    ExitCode::SUCCESS
+}
+
+/// Runs `check` on a thread of its own; one that outlives
+/// [`CHECK_TIMEOUT`] fails the binary at once (its threads cannot be
+/// stopped).
+fn bounded(check: Box<dyn FnOnce() -> Outcome + Send>) -> Outcome {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("gpu-nccl-check".into())
+        .spawn(move || {
+            let _ = tx.send(check());
+        });
+    if let Err(e) = spawned {
+        return Outcome::Fail(format!("cannot start the check's thread: {e}"));
+    }
+    match rx.recv_timeout(CHECK_TIMEOUT) {
+        Ok(outcome) => outcome,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            println!("FAIL a check hung for {CHECK_TIMEOUT:?}; ending");
+            std::process::exit(1);
+        }
+        Err(e) => Outcome::Fail(format!("the check's thread ended without a result: {e}")),
+    }
+}
+
+/// The channels of `spec` over NCCL, rank r on GPU r % gpus; a refusal of
+/// two ranks on one GPU is a skip, any other error a failure.
+fn channels(
+    spec: &PipelineSpec,
+    options: &Options,
+    gpus: usize,
+) -> Result<Vec<Mutex<Option<ChannelSet<NcclChannel>>>>, Outcome> {
+    let nccl = NcclOptions {
+        op_timeout: OP_TIMEOUT,
+        teardown_timeout: Duration::from_secs(20),
+        ..NcclOptions::default()
+    };
+    match nccl_channels(spec, options, &nccl, |rank| rank % gpus) {
+        Ok(sets) => Ok(sets.into_iter().map(|s| Mutex::new(Some(s))).collect()),
+        Err(e) => {
+            let text = e.to_string();
+            let shared = spec.world_size > gpus;
+            let refused = ["both use device", "invalid usage", "Duplicate GPU"]
+                .iter()
+                .any(|m| text.contains(m));
+            Err(if shared && refused {
+                Outcome::Skip(format!(
+                    "{} ranks on {gpus} GPUs put both ends of a channel on one GPU, \
+                     which NCCL refuses: {text}",
+                    spec.world_size
+                ))
+            } else {
+                Outcome::Fail(format!("creating the channels: {text}"))
+            })
+        }
+    }
+}
+
+/// Runs `f` on every rank (a thread each) over NCCL channels: finished on
+/// `Ok`, aborted with the error otherwise. Returns every rank's result.
+fn run_ranks<R: Send>(
+    spec: &PipelineSpec,
+    options: Options,
+    gpus: usize,
+    f: impl Fn(&Pipeline) -> Result<R, TestError> + Sync,
+) -> Result<Vec<Result<R, String>>, Outcome> {
+    let sets = channels(spec, &options, gpus)?;
+    let results: Vec<Result<R, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..spec.world_size)
+            .map(|rank| {
+                let (sets, f) = (&sets, &f);
+                s.spawn(move || -> Result<R, TestError> {
+                    let set = sets[rank]
+                        .lock()
+                        .map_err(|_| TestError("poisoned".into()))?
+                        .take()
+                        .ok_or_else(|| TestError(format!("rank {rank}'s channels are gone")))?;
+                    let pipe = Pipeline::start(StagePlan::new(spec, rank)?, options, set)?;
+                    finish_or_abort(pipe, f)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(result) => result.map_err(|e| e.0),
+                Err(_) => Err("the rank panicked".into()),
+            })
+            .collect()
+    });
+    Ok(results)
+}
+
+/// Every rank runs its stage (1F1B, or forward only), checking every tensor
+/// it receives; the pipeline's message totals must add up.
+fn stage_run(widths: &'static [usize], gpus: usize, options: Options, cols: usize) -> Outcome {
+    let spec = spec_for(widths);
+    let results = match run_ranks(&spec, options, gpus, |pipe| run_stage_wide(pipe, &(), cols)) {
+        Ok(results) => results,
+        Err(outcome) => return outcome,
+    };
+    let mut reports: Vec<Report> = Vec::new();
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(report) => reports.push(report),
+            Err(why) => return Outcome::Fail(format!("rank {rank}: {why}")),
+        }
+    }
+    let forward: u64 = reports.iter().map(|r| r.received_forward).sum();
+    let backward: u64 = reports.iter().map(|r| r.received_backward).sum();
+    let want = totals(widths, options.iterations, options.is_forward_only());
+    if (forward, backward) != want {
+        return Outcome::Fail(format!(
+            "received {forward} forward and {backward} backward messages, expected {want:?}"
+        ));
+    }
+    Outcome::Pass(format!(": {forward} forward, {backward} backward messages"))
+}
+
+/// Widths 1, 2, 1: rank 2 gives up after its first minibatch; ranks 0 and
+/// 3, its neighbours, must fail naming it.
+fn failing_stage(gpus: usize) -> Outcome {
+    let spec = spec_for(&[1, 2, 1]);
+    let results = match run_ranks(&spec, Options::training(12), gpus, |pipe| {
+        if pipe.plan().rank() == 2 {
+            pipe.recv("h1", 1, Direction::Forward)?;
+            return Err(TestError("injected failure on rank 2".into()));
+        }
+        run_stage(pipe, &())
+    }) {
+        Ok(results) => results,
+        Err(outcome) => return outcome,
+    };
+    for (rank, expected) in [
+        (0, "rank 2 (stage 1) failed"),
+        (2, "injected failure on rank 2"),
+        (3, "rank 2 (stage 1) failed"),
+    ] {
+        match &results[rank] {
+            Err(why) if why.contains(expected) => {}
+            Err(why) => {
+                return Outcome::Fail(format!(
+                    "rank {rank}: expected an error containing '{expected}', got: {why}"
+                ))
+            }
+            Ok(_) => return Outcome::Fail(format!("rank {rank} succeeded")),
+        }
+    }
+    Outcome::Pass(String::new())
+}

@@ -1,9 +1,17 @@
 //! The device fusion buffer: many small tensors packed into one persistent
-//! buffer with device-to-device copies on the communication stream
-//! (`cuMemcpyDtoDAsync`, no host round trip), reduced by one collective,
-//! and unpacked the same way. Horovod's fused allreduce, on the GPU.
+//! buffer on the communication stream (no host round trip), reduced by one
+//! collective, and unpacked the same way. Horovod's fused allreduce, on the
+//! GPU. Several tensors move with one launch of the batched copy kernel
+//! ([`crate::copy_ptx`]), one tensor with one `cuMemcpyDtoDAsync`.
+//!
+//! cudarc's per-buffer events still cost two driver calls per tensor
+//! (a wait for its last write, a record of this use) when the tensors were
+//! allocated with event tracking on; tensors allocated with it off (the
+//! caller orders its streams, e.g. with [`NcclComm::wait_event`]) cost
+//! none.
 
 use crate::comm::NcclComm;
+use crate::copy_ptx::Segment;
 use crate::error::NcclError;
 use crate::ops::DeviceElement;
 use crate::plan;
@@ -61,29 +69,29 @@ impl DeviceFusionBuffer {
         let elem = std::mem::size_of::<T>();
         self.reserve(comm, total * elem)?;
         comm.check_health()?;
-        comm.device().bind()?;
-        let stream = comm.stream();
-        for (part, offset) in parts.iter().zip(offsets) {
+        for part in parts {
             comm.check_device(part, "fused tensor")?;
-            let mut dst = self
-                .buf
-                .slice_mut(offset * elem..(offset + part.len()) * elem);
-            let (src, _read) = part.device_ptr(stream);
-            let (dst, _written) = dst.device_ptr_mut(stream);
-            // SAFETY: `src` spans the part's bytes and `dst` a range of the
-            // same length inside the buffer (offsets from `plan::offsets`);
-            // both stay alive until the stream reaches the copy (cudarc's
-            // events, recorded when the guards drop).
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(
-                    dst,
-                    src,
-                    part.len() * elem,
-                    stream.cu_stream(),
-                )
-            }
-            .map_err(NcclError::on_cuda("cuMemcpyDtoDAsync"))?;
         }
+        let stream = comm.stream();
+        let (base, _written) = self.buf.device_ptr_mut(stream);
+        let mut guards = Vec::with_capacity(parts.len());
+        let mut segments = Vec::with_capacity(parts.len());
+        for (part, offset) in parts.iter().zip(offsets) {
+            let (src, guard) = part.device_ptr(stream);
+            guards.push(guard);
+            segments.push(Segment {
+                src,
+                dst: base + (offset * elem) as u64,
+                bytes: (part.len() * elem) as u64,
+            });
+        }
+        // SAFETY: each source spans its part's bytes, each destination a
+        // range of the same length inside the buffer (disjoint, from
+        // `plan::offsets`, within the capacity reserved above); all stay
+        // alive until the stream reaches the copies (cudarc's events,
+        // recorded when the guards drop after the enqueue).
+        unsafe { comm.copy_segments(&segments) }?;
+        drop(guards);
         Ok(total)
     }
 
@@ -116,20 +124,28 @@ impl DeviceFusionBuffer {
             )));
         }
         comm.check_health()?;
-        comm.device().bind()?;
-        let stream = comm.stream();
-        for (part, offset) in parts.iter_mut().zip(offsets) {
+        for part in parts.iter() {
             comm.check_device(part, "fused tensor")?;
-            let bytes = part.len() * elem;
-            let src = self.buf.slice(offset * elem..offset * elem + bytes);
-            let (src, _read) = src.device_ptr(stream);
-            let (dst, _written) = part.device_ptr_mut(stream);
-            // SAFETY: as in `pack`, with the roles swapped.
-            unsafe {
-                cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())
-            }
-            .map_err(NcclError::on_cuda("cuMemcpyDtoDAsync"))?;
         }
+        let stream = comm.stream();
+        let (base, _read) = self.buf.device_ptr(stream);
+        let mut guards = Vec::with_capacity(parts.len());
+        let mut segments = Vec::with_capacity(parts.len());
+        for (part, offset) in parts.iter_mut().zip(offsets) {
+            let bytes = (part.len() * elem) as u64;
+            let (dst, guard) = part.device_ptr_mut(stream);
+            guards.push(guard);
+            segments.push(Segment {
+                src: base + (offset * elem) as u64,
+                dst,
+                bytes,
+            });
+        }
+        // SAFETY: as in `pack`, with the roles swapped: the destinations are
+        // distinct mutable views (never overlapping), the sources disjoint
+        // ranges of the buffer within its length (checked above).
+        unsafe { comm.copy_segments(&segments) }?;
+        drop(guards);
         Ok(())
     }
 }

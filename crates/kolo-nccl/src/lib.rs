@@ -91,6 +91,7 @@
 //! assert_eq!(sums, vec![vec![3.0f32; 4]; 2]);
 //! ```
 
+mod batched_copy;
 pub mod bench;
 mod board;
 mod bootstrap;
@@ -98,6 +99,7 @@ mod comm;
 mod completion;
 mod copy_engine;
 mod copy_plan;
+pub mod copy_ptx;
 mod device;
 mod driver_ext;
 pub mod error;
@@ -107,6 +109,7 @@ mod ops;
 mod p2p;
 pub mod plan;
 pub mod probe;
+mod ptx_module;
 mod raw_comm;
 mod reduce_ops;
 pub mod reduce_plan;

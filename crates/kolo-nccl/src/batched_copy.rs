@@ -1,0 +1,215 @@
+//! The batched copy kernel on a device ([`crate::copy_ptx`]): loaded on
+//! first use, its table uploaded with one host-to-device copy from pinned
+//! memory and read by one launch, all on the communication stream.
+//!
+//! Tables live in a small ring of per-device slots (pinned host memory and
+//! device memory, grown on demand): a slot is rewritten only after the
+//! event recorded behind its last launch has completed, so the host never
+//! overwrites a table the copy engine has yet to read, and back-to-back
+//! packs and unpacks (one step: pack, allreduce, unpack) never wait.
+
+use crate::comm::NcclComm;
+use crate::copy_ptx::{self, Segment, CHUNK_BYTES, ENTRY_BYTES, KERNEL};
+use crate::device::PooledEvent;
+use crate::error::NcclError;
+use crate::ptx_module::PtxModule;
+use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUstream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Table slots per device: pack and unpack of one step and the next step's
+/// pack find a free slot while the GPU is a step behind.
+const SLOTS: usize = 4;
+/// The smallest table allocation (128 rows).
+const MIN_TABLE_BYTES: usize = 4096;
+
+/// The loaded kernel.
+pub(crate) struct CopyKernel {
+    module: PtxModule,
+    function: CUfunction,
+}
+
+// SAFETY: the function handle is a plain driver handle of `module`'s
+// context, valid in any thread that makes it current (`launch` binds it).
+unsafe impl Send for CopyKernel {}
+// SAFETY: as above: `&self` only reads the handles.
+unsafe impl Sync for CopyKernel {}
+
+impl CopyKernel {
+    /// JIT-compiles the kernel into `ctx`.
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<CopyKernel, NcclError> {
+        let module = PtxModule::load(ctx, copy_ptx::module_source(), "batched copy kernel's")?;
+        let function = module.function(KERNEL)?;
+        Ok(CopyKernel { module, function })
+    }
+
+    /// Enqueues the kernel over the `entries` rows at `table`.
+    ///
+    /// # Safety
+    /// `table` holds `entries` rows (written before the launch in stream
+    /// order) whose ranges are live device memory of this context until
+    /// `stream` reaches the launch, destinations not overlapping anything
+    /// else the launch touches.
+    unsafe fn launch(
+        &self,
+        table: CUdeviceptr,
+        entries: usize,
+        stream: CUstream,
+    ) -> Result<(), NcclError> {
+        self.module.bind()?;
+        let (mut table, mut n) = (table, entries as u64);
+        let mut params: [*mut c_void; 2] = [
+            (&mut table as *mut CUdeviceptr).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        let (blocks, threads) = copy_ptx::launch_dims(entries);
+        // SAFETY: the kernel takes (u64, u64), the two values `params`
+        // points to (read during the call); the rows are valid per the
+        // contract.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.function,
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(NcclError::on_cuda("cuLaunchKernel"))
+    }
+}
+
+/// One table: pinned host rows, their device copy, and the event after
+/// the last launch that read them.
+struct Slot {
+    host: PinnedHostSlice<u8>,
+    /// Owns the device rows (freed in stream order on drop).
+    _dev: CudaSlice<u8>,
+    dev_ptr: CUdeviceptr,
+    in_flight: Option<PooledEvent>,
+}
+
+impl Slot {
+    fn new(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+    ) -> Result<Slot, NcclError> {
+        let bytes = bytes.max(MIN_TABLE_BYTES).next_power_of_two();
+        // SAFETY: uninitialised memory; `encode` writes every row before
+        // the upload copies exactly those bytes.
+        let host = unsafe { ctx.alloc_pinned::<u8>(bytes) }
+            .map_err(NcclError::on_cuda("cuMemHostAlloc"))?;
+        // SAFETY: as above: rows are uploaded before the kernel reads them.
+        let mut dev =
+            unsafe { stream.alloc::<u8>(bytes) }.map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
+        let dev_ptr = {
+            let (ptr, _written) = dev.device_ptr_mut(stream);
+            ptr
+        };
+        Ok(Slot {
+            host,
+            _dev: dev,
+            dev_ptr,
+            in_flight: None,
+        })
+    }
+
+    /// Blocks until the last launch reading this slot has completed.
+    fn settle(&mut self) -> Result<(), NcclError> {
+        if let Some(event) = self.in_flight.take() {
+            event
+                .get()
+                .synchronize()
+                .map_err(NcclError::on_cuda("cuEventSynchronize"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // The pinned rows must outlive the upload reading them.
+        let _ = self.settle();
+    }
+}
+
+/// The ring of table slots of one device.
+#[derive(Default)]
+pub(crate) struct CopyTables {
+    slots: Vec<Option<Slot>>,
+    next: usize,
+}
+
+impl NcclComm {
+    /// Enqueues every copy of `segments` on the communication stream: none
+    /// for no bytes, one `cuMemcpyDtoDAsync` for one segment, otherwise one
+    /// table upload and one launch of the batched copy kernel (loaded on
+    /// first use).
+    ///
+    /// # Safety
+    /// Every segment's source and destination span `bytes` of live device
+    /// memory of this communicator's device until the stream reaches the
+    /// copy; no destination overlaps another segment's source or
+    /// destination.
+    pub(crate) unsafe fn copy_segments(&self, segments: &[Segment]) -> Result<(), NcclError> {
+        let stream = self.stream();
+        let mut live = segments.iter().filter(|s| s.bytes > 0);
+        let (first, second) = (live.next(), live.next());
+        let Some(first) = first else { return Ok(()) };
+        self.device.bind()?;
+        if second.is_none() {
+            // SAFETY: per the contract.
+            return unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    first.dst,
+                    first.src,
+                    first.bytes as usize,
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(NcclError::on_cuda("cuMemcpyDtoDAsync"));
+        }
+        let entries = copy_ptx::plan(segments, CHUNK_BYTES);
+        let kernel = self.device.copy_kernel()?;
+        let bytes = entries.len() * ENTRY_BYTES;
+        let mut tables = self.device.copy_tables().lock();
+        let index = tables.next % SLOTS;
+        tables.next = tables.next.wrapping_add(1);
+        if tables.slots.len() < SLOTS {
+            tables.slots.resize_with(SLOTS, || None);
+        }
+        let slot = &mut tables.slots[index];
+        if slot.as_ref().is_none_or(|s| s.host.len() < bytes) {
+            *slot = None;
+            *slot = Some(Slot::new(self.device.context(), stream, bytes)?);
+        }
+        let slot = slot
+            .as_mut()
+            .ok_or_else(|| NcclError::InvalidArgument("no copy table slot".into()))?;
+        slot.settle()?;
+        let host = slot
+            .host
+            .as_mut_slice()
+            .map_err(NcclError::on_cuda("cuEventSynchronize"))?;
+        let written = copy_ptx::encode_into(&entries, host);
+        // SAFETY: the device rows hold at least `written` bytes; the pinned
+        // source stays untouched until `in_flight` (recorded below, after
+        // the launch) completes.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                slot.dev_ptr,
+                &host[..written],
+                stream.cu_stream(),
+            )
+        }
+        .map_err(NcclError::on_cuda("cuMemcpyHtoDAsync"))?;
+        // SAFETY: the rows were uploaded just before in stream order; the
+        // ranges are valid per this function's contract.
+        unsafe { kernel.launch(slot.dev_ptr, entries.len(), stream.cu_stream()) }?;
+        slot.in_flight = Some(self.device.record()?);
+        Ok(())
+    }
+}

@@ -106,6 +106,7 @@ pub mod error;
 pub mod event_pool;
 mod fusion;
 mod ops;
+mod outbox;
 mod p2p;
 pub mod plan;
 pub mod probe;

@@ -110,11 +110,17 @@ impl<F: Fence> Queue<F> {
 }
 
 /// Spin, then yield, then sleep briefly: low latency for short operations
-/// without burning a core on long ones.
+/// without burning a core on long ones. While spinning, polls are spaced
+/// by [`SPIN_GAP`] of busy waiting rather than issued back to back: each
+/// `cuEventQuery` enters the driver, which the thread enqueueing the next
+/// operations needs too.
 #[derive(Default)]
 struct Backoff {
     idle_polls: u32,
 }
+
+/// The busy wait between two polls while spinning.
+const SPIN_GAP: Duration = Duration::from_micros(1);
 
 impl Backoff {
     fn reset(&mut self) {
@@ -124,7 +130,12 @@ impl Backoff {
     fn snooze(&mut self) {
         self.idle_polls = self.idle_polls.saturating_add(1);
         match self.idle_polls {
-            0..=64 => std::hint::spin_loop(),
+            0..=64 => {
+                let until = Instant::now() + SPIN_GAP;
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
             65..=512 => std::thread::yield_now(),
             n => std::thread::sleep(Duration::from_micros(u64::from((n - 512).min(100) + 10))),
         }

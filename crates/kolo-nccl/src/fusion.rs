@@ -48,6 +48,11 @@ impl DeviceFusionBuffer {
         self.buf.len()
     }
 
+    /// The buffer's bytes: the packed tensors first, one after another.
+    pub fn bytes(&self) -> CudaView<'_, u8> {
+        self.buf.slice(..)
+    }
+
     /// Grows the buffer to at least `bytes` (the old one is freed in
     /// stream order, after the work using it).
     pub fn reserve(&mut self, comm: &NcclComm, bytes: usize) -> Result<(), NcclError> {

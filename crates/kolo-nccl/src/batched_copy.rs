@@ -98,9 +98,11 @@ impl Slot {
         bytes: usize,
     ) -> Result<Slot, NcclError> {
         let bytes = bytes.max(MIN_TABLE_BYTES).next_power_of_two();
+        // Cached (not write-combined) pinned memory: the rows are written
+        // with small stores, which write-combined memory makes slow.
         // SAFETY: uninitialised memory; `encode` writes every row before
         // the upload copies exactly those bytes.
-        let host = unsafe { ctx.alloc_pinned::<u8>(bytes) }
+        let host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
             .map_err(NcclError::on_cuda("cuMemHostAlloc"))?;
         // SAFETY: as above: rows are uploaded before the kernel reads them.
         let mut dev =

@@ -248,6 +248,10 @@ pub struct StepResult {
     /// The same with event-tracked gradients: cudarc adds a stream wait
     /// and an event record per gradient and copy.
     pub fused_tracked: Duration,
+    /// Median host time of the `pack` call (untracked gradients).
+    pub pack_call: Duration,
+    /// Median host time of the `unpack` call (untracked gradients).
+    pub unpack_call: Duration,
     /// One allreduce per gradient.
     pub separate: Duration,
     /// One allreduce of all the bytes in one buffer (the floor).
@@ -294,18 +298,23 @@ fn timed(
     Ok(median(samples))
 }
 
-/// Pack, one allreduce, unpack of `grads` through `fusion`.
+/// Pack, one allreduce, unpack of `grads` through `fusion`; returns the
+/// host time of the pack and unpack calls.
 fn fused_step(
     comm: &mut NcclComm,
     fusion: &mut DeviceFusionBuffer,
     grads: &mut [CudaSlice<f32>],
-) -> Result<(), NcclError> {
+) -> Result<(Duration, Duration), NcclError> {
     let views: Vec<_> = grads.iter().map(|g| g.slice(..)).collect();
+    let start = Instant::now();
     let count = fusion.pack(comm, &views)?;
+    let pack = start.elapsed();
     drop(views);
     fusion.all_reduce::<f32>(comm, count, ReduceOp::Sum, Scale::NONE)?;
     let mut outs: Vec<_> = grads.iter_mut().map(|g| g.slice_mut(..)).collect();
-    fusion.unpack(comm, &mut outs)
+    let start = Instant::now();
+    fusion.unpack(comm, &mut outs)?;
+    Ok((pack, start.elapsed()))
 }
 
 /// Times [`StepResult`]'s ways over `iters` steps after `warmup`.
@@ -342,11 +351,15 @@ pub fn step(
     }?;
     let mut tracked = grads()?;
     comm.flush()?.wait()?;
+    let (mut packs, mut unpacks) = (Vec::new(), Vec::new());
     let fused = timed(comm, warmup, iters, &mut |comm| {
-        fused_step(comm, &mut fusion, &mut fast)
+        let (pack, unpack) = fused_step(comm, &mut fusion, &mut fast)?;
+        packs.push(pack);
+        unpacks.push(unpack);
+        Ok(())
     })?;
     let fused_tracked = timed(comm, warmup, iters, &mut |comm| {
-        fused_step(comm, &mut fusion, &mut tracked)
+        fused_step(comm, &mut fusion, &mut tracked).map(drop)
     })?;
     let separate = timed(comm, warmup, iters, &mut |comm| {
         for g in fast.iter_mut() {
@@ -363,6 +376,8 @@ pub fn step(
         tensor_bytes: len * 4,
         fused,
         fused_tracked,
+        pack_call: median(packs),
+        unpack_call: median(unpacks),
         separate,
         single,
     })

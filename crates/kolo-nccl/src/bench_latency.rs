@@ -23,8 +23,12 @@ pub struct LatencyBreakdown {
     pub bytes: usize,
     /// Median host time of one `NcclComm::all_reduce` call (enqueue only).
     pub call: Duration,
-    /// GPU time per operation, `iters` enqueued back to back through kolo.
+    /// GPU time per operation, `iters` enqueued back to back through kolo,
+    /// on a buffer without cudarc's event tracking.
     pub device: Duration,
+    /// The same on an event-tracked buffer: cudarc adds two stream waits
+    /// and an event record per call.
+    pub device_tracked: Duration,
     /// The same with bare `ncclAllReduce` calls on the stream: NCCL's floor
     /// on this machine and mode.
     pub device_raw: Duration,
@@ -77,9 +81,15 @@ pub fn latency_breakdown(
 ) -> Result<LatencyBreakdown, NcclError> {
     let stream = comm.stream().clone();
     let count = (bytes / 4).max(1);
-    let mut buf = stream
-        .alloc_zeros::<f32>(count)
-        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
+    let alloc = || {
+        stream
+            .alloc_zeros::<f32>(count)
+            .map_err(NcclError::on_cuda("cuMemAllocAsync"))
+    };
+    // SAFETY: `buf` is used on the communication stream only and dropped
+    // at the end of this function.
+    let mut buf = unsafe { super::untracked(comm, alloc) }?;
+    let mut tracked = alloc()?;
     let ptr = {
         let (ptr, _written) = buf.device_ptr_mut(&stream);
         ptr
@@ -96,6 +106,10 @@ pub fn latency_breakdown(
     if let Some(work) = last.take() {
         work.wait()?;
     }
+    let device_tracked = device_time(comm, &stream, warmup, iters, &mut |comm| {
+        comm.all_reduce(&mut tracked, ReduceOp::Sum, Scale::NONE)
+            .map(drop)
+    })?;
     let device_raw = device_time(comm, &stream, warmup, iters, &mut |comm| {
         let handle = comm.handle()?;
         // SAFETY: `ptr` is `buf`'s address (`count` f32 on this device),
@@ -127,6 +141,7 @@ pub fn latency_breakdown(
         bytes: count * 4,
         call: median(calls.split_off(skip)),
         device,
+        device_tracked,
         device_raw,
         complete: median(completes),
     })

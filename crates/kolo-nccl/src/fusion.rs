@@ -74,6 +74,7 @@ impl DeviceFusionBuffer {
         let elem = std::mem::size_of::<T>();
         self.reserve(comm, total * elem)?;
         comm.check_health()?;
+        comm.device().bind()?;
         for part in parts {
             comm.check_device(part, "fused tensor")?;
         }
@@ -129,6 +130,7 @@ impl DeviceFusionBuffer {
             )));
         }
         comm.check_health()?;
+        comm.device().bind()?;
         for part in parts.iter() {
             comm.check_device(part, "fused tensor")?;
         }

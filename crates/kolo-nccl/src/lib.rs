@@ -110,6 +110,8 @@ mod outbox;
 mod p2p;
 pub mod plan;
 pub mod probe;
+#[cfg(test)]
+mod ptx_interp;
 mod ptx_module;
 mod raw_comm;
 mod reduce_ops;

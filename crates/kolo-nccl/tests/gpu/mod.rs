@@ -248,9 +248,10 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
     match latency_breakdown(comm, 8, 20, 200) {
         Ok(b) if rank == 0 => {
             println!(
-                "small: [{label}] 8 B allreduce: host call {:.1} us; device per op back to back {:.1} us (bare ncclAllReduce {:.1} us); call to completion {:.1} us",
+                "small: [{label}] 8 B allreduce: host call {:.1} us; device per op back to back {:.1} us (event-tracked buffer {:.1} us, bare ncclAllReduce {:.1} us); call to completion {:.1} us",
                 us(b.call),
                 us(b.device),
+                us(b.device_tracked),
                 us(b.device_raw),
                 us(b.complete)
             );
@@ -262,6 +263,7 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
                     ("bytes", b.bytes as f64),
                     ("call_us", us(b.call)),
                     ("device_us", us(b.device)),
+                    ("device_tracked_us", us(b.device_tracked)),
                     ("device_raw_us", us(b.device_raw)),
                     ("complete_us", us(b.complete)),
                 ],
@@ -274,12 +276,14 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
         Ok(s) if rank == 0 => {
             let ratio = s.fused.as_secs_f64() / s.single.as_secs_f64().max(1e-9);
             println!(
-                "step: [{label}] {} x {} KiB fused (pack, one allreduce, unpack) {:.3} ms = {ratio:.2}x one {} MiB allreduce ({:.3} ms); event-tracked tensors {:.3} ms; separate allreduces {:.2} ms",
+                "step: [{label}] {} x {} KiB fused (pack, one allreduce, unpack) {:.3} ms = {ratio:.2}x one allreduce of the same {} bytes ({:.3} ms); pack call {:.1} us, unpack call {:.1} us; event-tracked tensors {:.3} ms; separate allreduces {:.2} ms",
                 s.tensors,
                 s.tensor_bytes >> 10,
                 s.fused.as_secs_f64() * 1e3,
-                (s.tensors * s.tensor_bytes) >> 20,
+                s.tensors * s.tensor_bytes,
                 s.single.as_secs_f64() * 1e3,
+                us(s.pack_call),
+                us(s.unpack_call),
                 s.fused_tracked.as_secs_f64() * 1e3,
                 s.separate.as_secs_f64() * 1e3,
             );
@@ -292,6 +296,8 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
                     ("tensor_bytes", s.tensor_bytes as f64),
                     ("fused_us", us(s.fused)),
                     ("fused_tracked_us", us(s.fused_tracked)),
+                    ("pack_call_us", us(s.pack_call)),
+                    ("unpack_call_us", us(s.unpack_call)),
                     ("separate_us", us(s.separate)),
                     ("single_us", us(s.single)),
                     ("fused_over_single", ratio),

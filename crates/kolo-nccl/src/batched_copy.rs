@@ -84,7 +84,9 @@ impl CopyKernel {
 /// One table: pinned host rows, their device copy, and the event after
 /// the last launch that read them.
 struct Slot {
+    /// Owns the pinned rows (`rows` points into them).
     host: PinnedHostSlice<u8>,
+    rows: *mut u8,
     /// Owns the device rows (freed in stream order on drop).
     _dev: CudaSlice<u8>,
     dev_ptr: CUdeviceptr,
@@ -102,8 +104,11 @@ impl Slot {
         // with small stores, which write-combined memory makes slow.
         // SAFETY: uninitialised memory; `encode` writes every row before
         // the upload copies exactly those bytes.
-        let host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
+        let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
             .map_err(NcclError::on_cuda("cuMemHostAlloc"))?;
+        let rows = host
+            .as_mut_ptr()
+            .map_err(NcclError::on_cuda("cuEventSynchronize"))?;
         // SAFETY: as above: rows are uploaded before the kernel reads them.
         let mut dev =
             unsafe { stream.alloc::<u8>(bytes) }.map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
@@ -113,6 +118,7 @@ impl Slot {
         };
         Ok(Slot {
             host,
+            rows,
             _dev: dev,
             dev_ptr,
             in_flight: None,
@@ -137,6 +143,10 @@ impl Drop for Slot {
         let _ = self.settle();
     }
 }
+
+// SAFETY: `rows` points into `host`, which the slot owns; the slot is
+// only reached through the device's mutex.
+unsafe impl Send for Slot {}
 
 /// The ring of table slots of one device.
 #[derive(Default)]
@@ -174,9 +184,8 @@ impl NcclComm {
             }
             .map_err(NcclError::on_cuda("cuMemcpyDtoDAsync"));
         }
-        let entries = copy_ptx::plan(segments, CHUNK_BYTES);
+        let bound = copy_ptx::max_entries(segments, CHUNK_BYTES) * ENTRY_BYTES;
         let kernel = self.device.copy_kernel()?;
-        let bytes = entries.len() * ENTRY_BYTES;
         let mut tables = self.device.copy_tables().lock();
         let index = tables.next % SLOTS;
         tables.next = tables.next.wrapping_add(1);
@@ -184,19 +193,26 @@ impl NcclComm {
             tables.slots.resize_with(SLOTS, || None);
         }
         let slot = &mut tables.slots[index];
-        if slot.as_ref().is_none_or(|s| s.host.len() < bytes) {
+        if slot.as_ref().is_none_or(|s| s.host.len() < bound) {
             *slot = None;
-            *slot = Some(Slot::new(self.device.context(), stream, bytes)?);
+            *slot = Some(Slot::new(self.device.context(), stream, bound)?);
         }
         let slot = slot
             .as_mut()
             .ok_or_else(|| NcclError::InvalidArgument("no copy table slot".into()))?;
         slot.settle()?;
-        let host = slot
-            .host
-            .as_mut_slice()
-            .map_err(NcclError::on_cuda("cuEventSynchronize"))?;
-        let written = copy_ptx::encode_into(&entries, host);
+        // SAFETY: `rows` spans the slot's `host.len()` pinned bytes, which
+        // nothing else reads or writes now: the last upload from them has
+        // completed (`settle`), and the slot is borrowed exclusively.
+        let host = unsafe { std::slice::from_raw_parts_mut(slot.rows, slot.host.len()) };
+        let entries = copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
+            NcclError::InvalidArgument(format!(
+                "a copy table of {} bytes is too short for {} segments",
+                host.len(),
+                segments.len()
+            ))
+        })?;
+        let written = entries * ENTRY_BYTES;
         // SAFETY: the device rows hold at least `written` bytes; the pinned
         // source stays untouched until `in_flight` (recorded below, after
         // the launch) completes.
@@ -210,7 +226,7 @@ impl NcclComm {
         .map_err(NcclError::on_cuda("cuMemcpyHtoDAsync"))?;
         // SAFETY: the rows were uploaded just before in stream order; the
         // ranges are valid per this function's contract.
-        unsafe { kernel.launch(slot.dev_ptr, entries.len(), stream.cu_stream()) }?;
+        unsafe { kernel.launch(slot.dev_ptr, entries, stream.cu_stream()) }?;
         slot.in_flight = Some(self.device.record()?);
         Ok(())
     }

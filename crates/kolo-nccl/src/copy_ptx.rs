@@ -67,45 +67,83 @@ pub fn width_log2(src: u64, dst: u64) -> u32 {
 /// piece at most `chunk` bytes (rounded down to a multiple of 16, at least
 /// 16), so pieces after the first keep the first's alignment.
 pub fn plan(segments: &[Segment], chunk: u64) -> Vec<Entry> {
-    let chunk = (chunk & !15).max(16);
     let mut entries = Vec::with_capacity(segments.len());
+    for_each_entry(segments, chunk, |e| entries.push(e));
+    entries
+}
+
+/// [`plan`]'s entries, one at a time, without collecting them.
+fn for_each_entry(segments: &[Segment], chunk: u64, mut f: impl FnMut(Entry)) {
+    let chunk = (chunk & !15).max(16);
     for s in segments.iter().filter(|s| s.bytes > 0) {
         let (mut src, mut dst, mut left) = (s.src, s.dst, s.bytes);
-        let mut push = |src: u64, dst: u64, bytes: u64| {
-            entries.push(Entry {
-                src,
-                dst,
-                bytes,
-                width_log2: width_log2(src, dst),
-            })
-        };
         let misaligned = src & 15;
         if misaligned != 0 && (src ^ dst) & 15 == 0 {
             let head = left.min(16 - misaligned);
-            push(src, dst, head);
+            f(Entry {
+                src,
+                dst,
+                bytes: head,
+                width_log2: width_log2(src, dst),
+            });
             (src, dst, left) = (src + head, dst + head, left - head);
         }
         while left > 0 {
             let bytes = left.min(chunk);
-            push(src, dst, bytes);
+            f(Entry {
+                src,
+                dst,
+                bytes,
+                width_log2: width_log2(src, dst),
+            });
             (src, dst, left) = (src + bytes, dst + bytes, left - bytes);
         }
     }
-    entries
+}
+
+/// An upper bound on the rows [`plan`] makes for `segments` (a head and a
+/// partial piece per segment, plus the whole pieces).
+pub fn max_entries(segments: &[Segment], chunk: u64) -> usize {
+    let chunk = (chunk & !15).max(16);
+    segments
+        .iter()
+        .map(|s| (s.bytes / chunk) as usize + 2)
+        .fold(0usize, usize::saturating_add)
+}
+
+/// Writes one row in the kernel's layout.
+fn encode_row(e: &Entry, row: &mut [u8]) {
+    row[0..8].copy_from_slice(&e.src.to_le_bytes());
+    row[8..16].copy_from_slice(&e.dst.to_le_bytes());
+    row[16..24].copy_from_slice(&e.bytes.to_le_bytes());
+    row[24..32].copy_from_slice(&u64::from(e.width_log2).to_le_bytes());
 }
 
 /// Writes `entries` into `out` (at least `entries.len() * ENTRY_BYTES`
 /// long) in the kernel's layout; returns the bytes written.
 pub fn encode_into(entries: &[Entry], out: &mut [u8]) -> usize {
-    let words = entries
-        .iter()
-        .flat_map(|e| [e.src, e.dst, e.bytes, u64::from(e.width_log2)]);
     let mut written = 0;
-    for (word, slot) in words.zip(out.chunks_exact_mut(8)) {
-        slot.copy_from_slice(&word.to_le_bytes());
-        written += 8;
+    for (e, row) in entries.iter().zip(out.chunks_exact_mut(ENTRY_BYTES)) {
+        encode_row(e, row);
+        written += ENTRY_BYTES;
     }
     written
+}
+
+/// Plans `segments` straight into `out` (the same rows as
+/// `encode_into(&plan(segments, chunk), out)`, without the intermediate
+/// list); returns the rows written, or `None` when `out` is too short.
+pub fn plan_into(segments: &[Segment], chunk: u64, out: &mut [u8]) -> Option<usize> {
+    let mut rows = out.chunks_exact_mut(ENTRY_BYTES);
+    let (mut written, mut short) = (0, false);
+    for_each_entry(segments, chunk, |e| match rows.next() {
+        Some(row) => {
+            encode_row(&e, row);
+            written += 1;
+        }
+        None => short = true,
+    });
+    (!short).then_some(written)
 }
 
 /// `(blocks, threads)` for a table of `entries` rows (`entries > 0`).

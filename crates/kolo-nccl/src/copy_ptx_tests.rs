@@ -270,7 +270,19 @@ proptest! {
             .iter()
             .map(|&(s, d, b)| seg(0x1_0000_0000 + s, 0x9_0000_0000 + d, b))
             .collect();
-        check_plan(&segments, chunk)?;
+        let entries = check_plan(&segments, chunk)?;
+        // Planning straight into a table gives the same bytes, within the
+        // bound; a table one row short is refused.
+        prop_assert!(entries.len() <= max_entries(&segments, chunk));
+        let mut direct = vec![0u8; max_entries(&segments, chunk) * ENTRY_BYTES];
+        let mut listed = direct.clone();
+        let written = encode_into(&entries, &mut listed);
+        prop_assert_eq!(plan_into(&segments, chunk, &mut direct), Some(entries.len()));
+        prop_assert_eq!(&direct[..written], &listed[..written]);
+        if !entries.is_empty() {
+            let mut short = vec![0u8; written - ENTRY_BYTES];
+            prop_assert_eq!(plan_into(&segments, chunk, &mut short), None);
+        }
     }
 
     #[test]

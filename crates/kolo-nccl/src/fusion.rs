@@ -14,11 +14,31 @@ use crate::comm::NcclComm;
 use crate::copy_ptx::Segment;
 use crate::error::NcclError;
 use crate::ops::DeviceElement;
-use crate::plan;
 use crate::work::Work;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_protocol::ReduceOp;
 use kolo_transport::Scale;
+
+/// The packed element count of parts of `lens` elements (an overflowing
+/// sum is an error).
+fn packed_len(lens: impl Iterator<Item = usize>) -> Result<usize, NcclError> {
+    let mut total = 0usize;
+    for len in lens {
+        total = total.checked_add(len).ok_or_else(|| {
+            NcclError::InvalidArgument("fused tensor lengths overflow usize".into())
+        })?;
+    }
+    Ok(total)
+}
+
+/// `total` elements of `elem` bytes, in bytes.
+fn packed_bytes(total: usize, elem: usize) -> Result<usize, NcclError> {
+    total.checked_mul(elem).ok_or_else(|| {
+        NcclError::InvalidArgument(format!(
+            "{total} fused elements of {elem} bytes overflow usize"
+        ))
+    })
+}
 
 /// A persistent device buffer of one communicator for fused operations.
 pub struct DeviceFusionBuffer {
@@ -69,33 +89,33 @@ impl DeviceFusionBuffer {
         comm: &NcclComm,
         parts: &[CudaView<'_, T>],
     ) -> Result<usize, NcclError> {
-        let lens: Vec<usize> = parts.iter().map(CudaView::len).collect();
-        let (offsets, total) = plan::offsets(&lens)?;
         let elem = std::mem::size_of::<T>();
-        self.reserve(comm, total * elem)?;
+        let total = packed_len(parts.iter().map(CudaView::len))?;
+        self.reserve(comm, packed_bytes(total, elem)?)?;
         comm.check_health()?;
         comm.device().bind()?;
-        for part in parts {
-            comm.check_device(part, "fused tensor")?;
-        }
         let stream = comm.stream();
         let (base, _written) = self.buf.device_ptr_mut(stream);
         let mut guards = Vec::with_capacity(parts.len());
         let mut segments = Vec::with_capacity(parts.len());
-        for (part, offset) in parts.iter().zip(offsets) {
+        let mut offset = 0;
+        for part in parts {
+            comm.check_device(part, "fused tensor")?;
             let (src, guard) = part.device_ptr(stream);
             guards.push(guard);
+            let bytes = part.len() * elem;
             segments.push(Segment {
                 src,
-                dst: base + (offset * elem) as u64,
-                bytes: (part.len() * elem) as u64,
+                dst: base + offset as u64,
+                bytes: bytes as u64,
             });
+            offset += bytes;
         }
         // SAFETY: each source spans its part's bytes, each destination a
-        // range of the same length inside the buffer (disjoint, from
-        // `plan::offsets`, within the capacity reserved above); all stay
-        // alive until the stream reaches the copies (cudarc's events,
-        // recorded when the guards drop after the enqueue).
+        // range of the same length inside the buffer (consecutive and
+        // disjoint, within the `total` reserved above); all stay alive
+        // until the stream reaches the copies (cudarc's events, recorded
+        // when the guards drop after the enqueue).
         unsafe { comm.copy_segments(&segments) }?;
         drop(guards);
         Ok(total)
@@ -119,10 +139,9 @@ impl DeviceFusionBuffer {
         comm: &NcclComm,
         parts: &mut [CudaViewMut<'_, T>],
     ) -> Result<(), NcclError> {
-        let lens: Vec<usize> = parts.iter().map(CudaViewMut::len).collect();
-        let (offsets, total) = plan::offsets(&lens)?;
         let elem = std::mem::size_of::<T>();
-        if total * elem > self.buf.len() {
+        let total = packed_len(parts.iter().map(CudaViewMut::len))?;
+        if packed_bytes(total, elem)? > self.buf.len() {
             return Err(NcclError::InvalidArgument(format!(
                 "unpacking {total} elements of {} from a fusion buffer of {} bytes",
                 T::DTYPE,
@@ -131,22 +150,22 @@ impl DeviceFusionBuffer {
         }
         comm.check_health()?;
         comm.device().bind()?;
-        for part in parts.iter() {
-            comm.check_device(part, "fused tensor")?;
-        }
         let stream = comm.stream();
         let (base, _read) = self.buf.device_ptr(stream);
         let mut guards = Vec::with_capacity(parts.len());
         let mut segments = Vec::with_capacity(parts.len());
-        for (part, offset) in parts.iter_mut().zip(offsets) {
-            let bytes = (part.len() * elem) as u64;
+        let mut offset = 0;
+        for part in parts.iter_mut() {
+            comm.check_device(part, "fused tensor")?;
+            let bytes = part.len() * elem;
             let (dst, guard) = part.device_ptr_mut(stream);
             guards.push(guard);
             segments.push(Segment {
-                src: base + (offset * elem) as u64,
+                src: base + offset as u64,
                 dst,
-                bytes,
+                bytes: bytes as u64,
             });
+            offset += bytes;
         }
         // SAFETY: as in `pack`, with the roles swapped: the destinations are
         // distinct mutable views (never overlapping), the sources disjoint

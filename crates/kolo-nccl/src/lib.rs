@@ -40,6 +40,10 @@
 //! or nvcc. Only u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL
 //! has no such type); [`HostStaging`] covers them. See [`reduce_plan`].
 //!
+//! The [`DeviceFusionBuffer`] packs and unpacks many tensors with one
+//! launch of a second hand-written kernel, a batched copy over a table of
+//! (source, destination, bytes) rows uploaded in one copy ([`copy_ptx`]).
+//!
 //! # CUDA version
 //!
 //! cudarc is built with `cuda-12080`: the 12.8 driver API, which drivers of

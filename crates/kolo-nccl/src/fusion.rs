@@ -15,9 +15,10 @@ use crate::copy_ptx::Segment;
 use crate::error::NcclError;
 use crate::ops::DeviceElement;
 use crate::work::Work;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
 use kolo_protocol::ReduceOp;
 use kolo_transport::Scale;
+use parking_lot::Mutex;
 
 /// The packed element count of parts of `lens` elements (an overflowing
 /// sum is an error).
@@ -43,6 +44,37 @@ fn packed_bytes(total: usize, elem: usize) -> Result<usize, NcclError> {
 /// A persistent device buffer of one communicator for fused operations.
 pub struct DeviceFusionBuffer {
     buf: CudaSlice<u8>,
+    scratch: Mutex<Scratch>,
+}
+
+/// Lists reused from call to call: fresh ones for 1,000 tensors per pack
+/// and unpack cost page faults on a virtual machine.
+#[derive(Default)]
+struct Scratch {
+    /// The copies of the last pack / unpack.
+    segments: Vec<Segment>,
+    /// Always empty between calls; its allocation holds the next call's
+    /// cudarc guards.
+    guards: Vec<SyncOnDrop<'static>>,
+}
+
+/// `store`'s allocation as an empty guard list of a shorter lifetime.
+fn borrow_guards<'a>(store: &mut Vec<SyncOnDrop<'static>>) -> Vec<SyncOnDrop<'a>> {
+    let mut guards = std::mem::take(store);
+    guards.clear();
+    // Collecting in place keeps the allocation (same element layout).
+    guards.into_iter().collect()
+}
+
+/// Drops the guards (recording cudarc's events after the enqueued copies)
+/// and gives the allocation back to `store`.
+fn return_guards(mut guards: Vec<SyncOnDrop<'_>>, store: &mut Vec<SyncOnDrop<'static>>) {
+    guards.clear();
+    // `filter_map` (not `filter`) changes the element lifetime back to
+    // 'static; the list is empty, so nothing is converted.
+    #[allow(clippy::unnecessary_filter_map)]
+    let empty = guards.into_iter().filter_map(|_| None).collect();
+    *store = empty;
 }
 
 impl std::fmt::Debug for DeviceFusionBuffer {
@@ -60,7 +92,10 @@ impl DeviceFusionBuffer {
             .stream()
             .alloc_zeros::<u8>(bytes.max(1))
             .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
-        Ok(DeviceFusionBuffer { buf })
+        Ok(DeviceFusionBuffer {
+            buf,
+            scratch: Mutex::new(Scratch::default()),
+        })
     }
 
     /// Capacity in bytes.
@@ -77,7 +112,7 @@ impl DeviceFusionBuffer {
     /// stream order, after the work using it).
     pub fn reserve(&mut self, comm: &NcclComm, bytes: usize) -> Result<(), NcclError> {
         if bytes > self.buf.len() {
-            *self = DeviceFusionBuffer::new(comm, bytes.next_power_of_two())?;
+            self.buf = DeviceFusionBuffer::new(comm, bytes.next_power_of_two())?.buf;
         }
         Ok(())
     }
@@ -96,8 +131,10 @@ impl DeviceFusionBuffer {
         comm.device().bind()?;
         let stream = comm.stream();
         let (base, _written) = self.buf.device_ptr_mut(stream);
-        let mut guards = Vec::with_capacity(parts.len());
-        let mut segments = Vec::with_capacity(parts.len());
+        let scratch = self.scratch.get_mut();
+        let mut guards = borrow_guards(&mut scratch.guards);
+        let segments = &mut scratch.segments;
+        segments.clear();
         let mut offset = 0;
         for part in parts {
             comm.check_device(part, "fused tensor")?;
@@ -116,8 +153,9 @@ impl DeviceFusionBuffer {
         // disjoint, within the `total` reserved above); all stay alive
         // until the stream reaches the copies (cudarc's events, recorded
         // when the guards drop after the enqueue).
-        unsafe { comm.copy_segments(&segments) }?;
-        drop(guards);
+        let copied = unsafe { comm.copy_segments(segments) };
+        return_guards(guards, &mut scratch.guards);
+        copied?;
         Ok(total)
     }
 
@@ -152,8 +190,11 @@ impl DeviceFusionBuffer {
         comm.device().bind()?;
         let stream = comm.stream();
         let (base, _read) = self.buf.device_ptr(stream);
-        let mut guards = Vec::with_capacity(parts.len());
-        let mut segments = Vec::with_capacity(parts.len());
+        let mut scratch = self.scratch.lock();
+        let scratch = &mut *scratch;
+        let mut guards = borrow_guards(&mut scratch.guards);
+        let segments = &mut scratch.segments;
+        segments.clear();
         let mut offset = 0;
         for part in parts.iter_mut() {
             comm.check_device(part, "fused tensor")?;
@@ -170,8 +211,33 @@ impl DeviceFusionBuffer {
         // SAFETY: as in `pack`, with the roles swapped: the destinations are
         // distinct mutable views (never overlapping), the sources disjoint
         // ranges of the buffer within its length (checked above).
-        unsafe { comm.copy_segments(&segments) }?;
-        drop(guards);
+        let copied = unsafe { comm.copy_segments(segments) };
+        return_guards(guards, &mut scratch.guards);
+        copied?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_can_move_between_threads_and_be_shared() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<DeviceFusionBuffer>();
+    }
+
+    #[test]
+    fn guard_lists_keep_their_allocation() {
+        let mut store: Vec<SyncOnDrop<'static>> = Vec::with_capacity(64);
+        let capacity = store.capacity();
+        let guards = borrow_guards(&mut store);
+        assert!(guards.is_empty() && guards.capacity() >= capacity);
+        return_guards(guards, &mut store);
+        assert!(store.is_empty() && store.capacity() >= capacity);
+        assert_eq!(packed_len([3usize, 4].into_iter()), Ok(7));
+        assert!(packed_len([usize::MAX, 1].into_iter()).is_err());
+        assert!(packed_bytes(usize::MAX, 2).is_err());
     }
 }

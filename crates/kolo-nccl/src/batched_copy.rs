@@ -1,20 +1,23 @@
 //! The batched copy kernel on a device ([`crate::copy_ptx`]): loaded on
-//! first use, its table uploaded with one host-to-device copy from pinned
-//! memory and read by one launch, all on the communication stream.
+//! first use, launched once on the communication stream over a table the
+//! kernel reads straight from mapped pinned host memory (no upload: on a
+//! virtual machine each driver call that rings the GPU costs microseconds,
+//! and a table is read once, 32 bytes per CTA).
 //!
-//! Tables live in a small ring of per-device slots (pinned host memory and
-//! device memory, grown on demand): a slot is rewritten only after the
-//! event recorded behind its last launch has completed, so the host never
-//! overwrites a table the copy engine has yet to read, and back-to-back
-//! packs and unpacks (one step: pack, allreduce, unpack) never wait.
+//! Tables live in a small ring of per-device slots (mapped pinned memory,
+//! grown on demand): a slot is rewritten only after the event recorded
+//! behind its last launch has completed, so the host never overwrites a
+//! table a kernel has yet to read, and back-to-back packs and unpacks (one
+//! step: pack, allreduce, unpack) never wait.
 
 use crate::comm::NcclComm;
 use crate::copy_ptx::{self, Segment, CHUNK_BYTES, ENTRY_BYTES, KERNEL};
 use crate::device::PooledEvent;
+use crate::driver_ext;
 use crate::error::NcclError;
 use crate::ptx_module::PtxModule;
 use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUstream};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, PinnedHostSlice};
+use cudarc::driver::{CudaContext, PinnedHostSlice};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -47,8 +50,8 @@ impl CopyKernel {
     /// Enqueues the kernel over the `entries` rows at `table`.
     ///
     /// # Safety
-    /// `table` holds `entries` rows (written before the launch in stream
-    /// order) whose ranges are live device memory of this context until
+    /// `table` holds `entries` rows (written before the launch, untouched
+    /// until the kernel has run) whose ranges are live device memory of this context until
     /// `stream` reaches the launch, destinations not overlapping anything
     /// else the launch touches.
     unsafe fn launch(
@@ -81,45 +84,37 @@ impl CopyKernel {
     }
 }
 
-/// One table: pinned host rows, their device copy, and the event after
-/// the last launch that read them.
+/// One table: mapped pinned host rows, their device address, and the
+/// event after the last launch that read them.
 struct Slot {
     /// Owns the pinned rows (`rows` points into them).
     host: PinnedHostSlice<u8>,
     rows: *mut u8,
-    /// Owns the device rows (freed in stream order on drop).
-    _dev: CudaSlice<u8>,
     dev_ptr: CUdeviceptr,
     in_flight: Option<PooledEvent>,
 }
 
 impl Slot {
-    fn new(
-        ctx: &Arc<CudaContext>,
-        stream: &Arc<CudaStream>,
-        bytes: usize,
-    ) -> Result<Slot, NcclError> {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Slot, NcclError> {
         let bytes = bytes.max(MIN_TABLE_BYTES).next_power_of_two();
-        // Cached (not write-combined) pinned memory: the rows are written
-        // with small stores, which write-combined memory makes slow.
-        // SAFETY: uninitialised memory; `encode` writes every row before
-        // the upload copies exactly those bytes.
-        let mut host = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
-            .map_err(NcclError::on_cuda("cuMemHostAlloc"))?;
+        // Cached (not write-combined) pinned memory, mapped into the
+        // device's address space: the host writes rows with small stores,
+        // the kernel reads each once.
+        // SAFETY: uninitialised memory; `plan_into` writes every row the
+        // kernel is told to read before the launch.
+        let mut host = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(bytes, cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(NcclError::on_cuda("cuMemHostAlloc"))?;
         let rows = host
             .as_mut_ptr()
             .map_err(NcclError::on_cuda("cuEventSynchronize"))?;
-        // SAFETY: as above: rows are uploaded before the kernel reads them.
-        let mut dev =
-            unsafe { stream.alloc::<u8>(bytes) }.map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
-        let dev_ptr = {
-            let (ptr, _written) = dev.device_ptr_mut(stream);
-            ptr
-        };
+        // SAFETY: `rows` is the start of the mapped allocation above, made
+        // in `ctx`, which `alloc_pinned_with_flags` left current.
+        let dev_ptr = unsafe { driver_ext::host_device_pointer(rows) }?;
         Ok(Slot {
             host,
             rows,
-            _dev: dev,
             dev_ptr,
             in_flight: None,
         })
@@ -158,8 +153,8 @@ pub(crate) struct CopyTables {
 impl NcclComm {
     /// Enqueues every copy of `segments` on the communication stream: none
     /// for no bytes, one `cuMemcpyDtoDAsync` for one segment, otherwise one
-    /// table upload and one launch of the batched copy kernel (loaded on
-    /// first use).
+    /// launch of the batched copy kernel (loaded on first use) over a table
+    /// in mapped pinned memory.
     ///
     /// # Safety
     /// Every segment's source and destination span `bytes` of live device
@@ -195,15 +190,15 @@ impl NcclComm {
         let slot = &mut tables.slots[index];
         if slot.as_ref().is_none_or(|s| s.host.len() < bound) {
             *slot = None;
-            *slot = Some(Slot::new(self.device.context(), stream, bound)?);
+            *slot = Some(Slot::new(self.device.context(), bound)?);
         }
         let slot = slot
             .as_mut()
             .ok_or_else(|| NcclError::InvalidArgument("no copy table slot".into()))?;
         slot.settle()?;
         // SAFETY: `rows` spans the slot's `host.len()` pinned bytes, which
-        // nothing else reads or writes now: the last upload from them has
-        // completed (`settle`), and the slot is borrowed exclusively.
+        // nothing else reads or writes now: the last kernel reading them
+        // has completed (`settle`), and the slot is borrowed exclusively.
         let host = unsafe { std::slice::from_raw_parts_mut(slot.rows, slot.host.len()) };
         let entries = copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
             NcclError::InvalidArgument(format!(
@@ -212,19 +207,8 @@ impl NcclComm {
                 segments.len()
             ))
         })?;
-        let written = entries * ENTRY_BYTES;
-        // SAFETY: the device rows hold at least `written` bytes; the pinned
-        // source stays untouched until `in_flight` (recorded below, after
-        // the launch) completes.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_async(
-                slot.dev_ptr,
-                &host[..written],
-                stream.cu_stream(),
-            )
-        }
-        .map_err(NcclError::on_cuda("cuMemcpyHtoDAsync"))?;
-        // SAFETY: the rows were uploaded just before in stream order; the
+        // SAFETY: the rows were written above and stay untouched until
+        // `in_flight` (recorded below, after the launch) completes; the
         // ranges are valid per this function's contract.
         unsafe { kernel.launch(slot.dev_ptr, entries, stream.cu_stream()) }?;
         slot.in_flight = Some(self.device.record()?);

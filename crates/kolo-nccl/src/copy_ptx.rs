@@ -235,17 +235,22 @@ pub fn entry() -> String {
         lines.extend(unit_loop(shift));
     }
     lines.extend([
-        // The tail: bytes - (units << shift) < width bytes, one per thread.
+        // The tail: bytes - (units << shift) < width bytes, one byte per
+        // thread (strided, for blocks narrower than a width).
         format!("{k}_tail:"),
         "    shl.b64 %rd16, %rd12, %r5;".into(),
         "    sub.u64 %rd17, %rd10, %rd16;".into(),
-        "    setp.ge.u64 %p2, %rd5, %rd17;".into(),
+        "    mov.u64 %rd13, %rd5;".into(),
+        format!("{k}_tail_loop:"),
+        "    setp.ge.u64 %p2, %rd13, %rd17;".into(),
         format!("    @%p2 bra {k}_next;"),
-        "    add.u64 %rd16, %rd16, %rd5;".into(),
-        "    add.u64 %rd14, %rd8, %rd16;".into(),
-        "    add.u64 %rd15, %rd9, %rd16;".into(),
+        "    add.u64 %rd18, %rd16, %rd13;".into(),
+        "    add.u64 %rd14, %rd8, %rd18;".into(),
+        "    add.u64 %rd15, %rd9, %rd18;".into(),
         "    ld.global.u8 %r6, [%rd14];".into(),
         "    st.global.u8 [%rd15], %r6;".into(),
+        "    add.u64 %rd13, %rd13, %rd6;".into(),
+        format!("    bra {k}_tail_loop;"),
         format!("{k}_next:"),
         "    add.u64 %rd3, %rd3, %rd4;".into(),
         "    setp.lt.u64 %p1, %rd3, %rd2;".into(),

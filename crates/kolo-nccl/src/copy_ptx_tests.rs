@@ -221,7 +221,14 @@ fn interpret(
         let piece = want[from..from + s.bytes as usize].to_vec();
         want[to..to + s.bytes as usize].copy_from_slice(&piece);
     }
-    prop_assert!(mem.bytes == want, "memory differs from the host copy");
+    if let Some(i) = mem.bytes.iter().zip(&want).position(|(a, b)| a != b) {
+        return Err(TestCaseError::fail(format!(
+            "byte {:#x} is {}, the host copy has {} (rows {entries:?})",
+            base + i as u64,
+            mem.bytes[i],
+            want[i]
+        )));
+    }
     Ok(())
 }
 

@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Runs kolo's GPU checks from the folder `cargo xtask test-gpu` builds
-# (gpu-dist/): thread mode on 1 and 2 GPUs, then one process per GPU under
-# mpirun with 1 and 2 processes. Logs go to ${OUT:-./gpu-out}; the exit
-# status is 0 only if every run passed (or was skipped for lack of GPUs).
+# Runs kolo's GPU checks (and, with BENCH=1, the bench tables) from the
+# folder `cargo xtask test-gpu` builds (gpu-dist/): at 1, 2 and GPUS GPUs,
+# in thread mode (one process, a thread per GPU) and in process mode (one
+# process per GPU under mpirun). Every step runs under `timeout`; its log
+# goes to $OUT/<step>.log, its bench rows as JSON lines to
+# $OUT/<step>.jsonl, and one line per step to $OUT/summary.txt:
 #
-#   bash run.sh                 # the checks
-#   BENCH=1 bash run.sh         # plus nccl-tests-style bandwidth tables (8 B
-#                               # to 1 GiB), `small:` latency and `step:` lines
+#   PASS <step>                 every check of the step passed
+#   FAIL <step> (exit N)        a check failed (its `FAIL` lines are shown)
+#   FAIL <step> (timed out)     the step hit STEP_TIMEOUT and was killed
+#   SKIP <step> (...)           not enough GPUs visible
+#
+# The exit status is 0 only if no step failed.
+#
+#   bash run.sh                  # checks at 1, 2 and all visible GPUs
+#   GPUS=4 bash run.sh           # checks at 1, 2 and 4 GPUs
+#   BENCH=1 bash run.sh          # checks, then bench tables at the same counts
+#   CHECKS=0 BENCH=1 bash run.sh # bench tables only
+#   STEP_TIMEOUT=900 bash run.sh # seconds per step (default 600)
 #   MPIRUN=/opt/openmpi/bin/mpirun bash run.sh
 #   KOLO_NCCL_LIBRARY=/path/to/libnccl.so.2 bash run.sh
 #
@@ -15,6 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")"
 OUT="${OUT:-./gpu-out}"
 mkdir -p "$OUT"
+: >"$OUT/summary.txt"
 
 # NVLink SHARP (NVLS) off, as in the recorded anchors.
 export NCCL_NVLS_ENABLE=0
@@ -32,44 +44,63 @@ if [ -z "${KOLO_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnc
   done
 fi
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-echo "GPUs visible: ${gpus:-0}"
+visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+visible=${visible:-0}
+GPUS="${GPUS:-$visible}"
+STEP_TIMEOUT="${STEP_TIMEOUT:-600}"
+echo "GPUs visible: $visible; testing at 1, 2 and $GPUS"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
+counts=$(printf '%s\n' 1 2 "$GPUS" | awk '$1 > 0' | sort -n | uniq)
 
 status=0
-run() {
-  local name=$1
-  shift
+# Keeps the folder small: a log over 8 MiB keeps its last 8 MiB.
+trim() { [ "$(stat -c %s "$1" 2>/dev/null || echo 0)" -le $((8 << 20)) ] || { tail -c $((8 << 20)) "$1" >"$1.tmp" && mv "$1.tmp" "$1"; }; }
+step() {
+  local name=$1 need=$2
+  shift 2
+  if [ "$visible" -lt "$need" ]; then
+    echo "SKIP $name (needs $need GPUs, $visible visible)" | tee -a "$OUT/summary.txt"
+    return
+  fi
   echo "== $name: $*"
-  "$@" >"$OUT/$name.log" 2>&1
+  timeout --kill-after=15 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E 'FAIL|skipped|passed|bench|^small:|^step:' "$OUT/$name.log" | tail -n 120
-  echo "== $name: exit $rc (log: $OUT/$name.log)"
+  trim "$OUT/$name.log"
+  grep '^json: ' "$OUT/$name.log" | sed 's/^json: //' >"$OUT/$name.jsonl"
+  [ -s "$OUT/$name.jsonl" ] || rm -f "$OUT/$name.jsonl"
+  grep -E 'FAIL|skipped|passed|^bench|^small:|^step:' "$OUT/$name.log" | tail -n 150
+  local verdict="PASS $name"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    verdict="FAIL $name (timed out after ${STEP_TIMEOUT}s)"
+  elif [ "$rc" -ne 0 ]; then
+    verdict="FAIL $name (exit $rc)"
+  fi
   [ "$rc" -eq 0 ] || status=1
+  echo "$verdict (log: $OUT/$name.log)" | tee -a "$OUT/summary.txt"
 }
 
 MPIRUN=(${MPIRUN:-mpirun} --allow-run-as-root --oversubscribe --bind-to none
   -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
 [ -n "${KOLO_NCCL_LIBRARY:-}" ] && MPIRUN+=(-x KOLO_NCCL_LIBRARY)
 
-run threads-1gpu ./gpu_threads --gpus 1
-run threads-2gpu ./gpu_threads --gpus 2
-for np in 1 2; do
-  if [ "${gpus:-0}" -ge "$np" ]; then
-    run "mpi-np$np" "${MPIRUN[@]}" -np "$np" ./gpu_mpi
-  else
-    echo "== mpi-np$np: skipped (needs $np GPUs)"
-  fi
-done
-
+if [ "${CHECKS:-1}" != 0 ]; then
+  for n in $counts; do
+    step "threads-${n}gpu" "$n" ./gpu_threads --gpus "$n"
+    step "mpi-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_mpi
+  done
+fi
 if [ "${BENCH:-0}" = 1 ]; then
-  run threads-bench ./gpu_threads --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench
-  [ "${gpus:-0}" -ge 2 ] && run mpi-bench "${MPIRUN[@]}" -np 2 ./gpu_mpi --bench
+  for n in $counts; do
+    step "threads-bench-${n}gpu" "$n" ./gpu_threads --gpus "$n" --bench --no-checks
+    step "mpi-bench-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_mpi --bench --no-checks
+  done
 fi
 
+echo "== summary"
+cat "$OUT/summary.txt"
 if [ "$status" -ne 0 ]; then
   echo "SOME GPU CHECKS FAILED (logs in $OUT)"
-elif [ "${gpus:-0}" -eq 0 ]; then
+elif [ "$visible" -eq 0 ]; then
   echo "NO GPU VISIBLE: nothing was tested (logs in $OUT)"
 else
   echo "ALL GPU CHECKS PASSED (logs in $OUT)"

@@ -209,7 +209,7 @@ fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh    # logs in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh    # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());

@@ -2,16 +2,22 @@
 //! GPU test binaries (both modes: build the [`NcclComm`] however, then
 //! call the same function on every rank): [`time_op`] for nccl-tests-style
 //! bandwidths (see `ANCHORS.md`) over [`SIZES`], [`latency`] for one small
-//! allreduce, [`step`] for a step of many small gradients fused in a
-//! [`DeviceFusionBuffer`] against one allreduce of the same bytes.
+//! allreduce and [`latency_breakdown`] for where its time goes, [`step`]
+//! for a step of many small gradients fused in a [`DeviceFusionBuffer`]
+//! against one allreduce of the same bytes.
 
 use crate::comm::{CopyEngine, NcclComm};
 use crate::error::NcclError;
 use crate::fusion::DeviceFusionBuffer;
 use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaSlice;
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Scale, Topology};
 use std::time::{Duration, Instant};
+
+#[path = "bench_latency.rs"]
+mod latency_parts;
+pub use latency_parts::{latency_breakdown, LatencyBreakdown};
 
 /// The sizes of the bandwidth tables: 8 B to 1 GiB.
 pub const SIZES: [usize; 6] = [8, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30];
@@ -227,23 +233,91 @@ pub fn latency(
 }
 
 /// One training step of `tensors` gradients of `tensor_bytes` each
-/// (f32), three ways, host-clock medians from the first call to the
-/// completion of the last operation.
+/// (f32), host-clock medians from the first call to the completion of the
+/// last operation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepResult {
     /// Gradients per step.
     pub tensors: usize,
     /// Bytes per gradient.
     pub tensor_bytes: usize,
-    /// Packed into a [`DeviceFusionBuffer`], one allreduce, unpacked.
+    /// Packed into a [`DeviceFusionBuffer`] (one batched copy launch), one
+    /// allreduce, unpacked (one launch); gradients allocated without
+    /// cudarc's event tracking (the caller orders the streams).
     pub fused: Duration,
+    /// The same with event-tracked gradients: cudarc adds a stream wait
+    /// and an event record per gradient and copy.
+    pub fused_tracked: Duration,
+    /// Median host time of the `pack` call (untracked gradients).
+    pub pack_call: Duration,
+    /// Median host time of the `unpack` call (untracked gradients).
+    pub unpack_call: Duration,
     /// One allreduce per gradient.
     pub separate: Duration,
     /// One allreduce of all the bytes in one buffer (the floor).
     pub single: Duration,
 }
 
-/// Times [`StepResult`]'s three ways over `iters` steps after `warmup`.
+/// Runs `alloc` with cudarc's event tracking off in `comm`'s context (and
+/// restores it): what it allocates carries no per-buffer events.
+///
+/// # Safety
+/// The buffers allocated are used on the communication stream only (or
+/// the caller orders the streams itself), and freed in its order.
+unsafe fn untracked<R>(comm: &NcclComm, alloc: impl FnOnce() -> R) -> R {
+    let ctx = comm.device().context().clone();
+    let was = ctx.is_event_tracking();
+    // SAFETY: per the caller's contract, only the buffers allocated now
+    // lose their events; tracking comes back right after.
+    unsafe { ctx.disable_event_tracking() };
+    let out = alloc();
+    if was {
+        // SAFETY: restores the setting found above.
+        unsafe { ctx.enable_event_tracking() };
+    }
+    out
+}
+
+/// Median host time of `iters` runs of `run` after `warmup`, each from the
+/// first call to the completion of everything it enqueued.
+fn timed(
+    comm: &mut NcclComm,
+    warmup: usize,
+    iters: usize,
+    run: &mut dyn FnMut(&mut NcclComm) -> Result<(), NcclError>,
+) -> Result<Duration, NcclError> {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let start = Instant::now();
+        run(comm)?;
+        comm.flush()?.wait()?;
+        if i >= warmup {
+            samples.push(start.elapsed());
+        }
+    }
+    Ok(median(samples))
+}
+
+/// Pack, one allreduce, unpack of `grads` through `fusion`; returns the
+/// host time of the pack and unpack calls.
+fn fused_step(
+    comm: &mut NcclComm,
+    fusion: &mut DeviceFusionBuffer,
+    grads: &mut [CudaSlice<f32>],
+) -> Result<(Duration, Duration), NcclError> {
+    let views: Vec<_> = grads.iter().map(|g| g.slice(..)).collect();
+    let start = Instant::now();
+    let count = fusion.pack(comm, &views)?;
+    let pack = start.elapsed();
+    drop(views);
+    fusion.all_reduce::<f32>(comm, count, ReduceOp::Sum, Scale::NONE)?;
+    let mut outs: Vec<_> = grads.iter_mut().map(|g| g.slice_mut(..)).collect();
+    let start = Instant::now();
+    fusion.unpack(comm, &mut outs)?;
+    Ok((pack, start.elapsed()))
+}
+
+/// Times [`StepResult`]'s ways over `iters` steps after `warmup`.
 /// Collective.
 pub fn step(
     comm: &mut NcclComm,
@@ -254,42 +328,46 @@ pub fn step(
 ) -> Result<StepResult, NcclError> {
     let stream = comm.stream().clone();
     let len = (tensor_bytes / 4).max(1);
-    let mut grads = (0..tensors)
-        .map(|_| stream.alloc_zeros::<f32>(len))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
-    let mut whole = stream
-        .alloc_zeros::<f32>(len * tensors)
-        .map_err(NcclError::on_cuda("cuMemAllocAsync"))?;
-    let mut fusion = DeviceFusionBuffer::new(comm, len * tensors * 4)?;
-    comm.flush()?.wait()?;
-    let mut timed = |run: &mut dyn FnMut(&mut NcclComm) -> Result<(), NcclError>| {
-        let mut samples = Vec::with_capacity(iters);
-        for i in 0..warmup + iters {
-            let start = Instant::now();
-            run(comm)?;
-            comm.flush()?.wait()?;
-            if i >= warmup {
-                samples.push(start.elapsed());
-            }
-        }
-        Ok::<_, NcclError>(median(samples))
+    let alloc = |n: usize| {
+        stream
+            .alloc_zeros::<f32>(n)
+            .map_err(NcclError::on_cuda("cuMemAllocAsync"))
     };
-    let fused = timed(&mut |comm| {
-        let views: Vec<_> = grads.iter().map(|g| g.slice(..)).collect();
-        let count = fusion.pack(comm, &views)?;
-        drop(views);
-        fusion.all_reduce::<f32>(comm, count, ReduceOp::Sum, Scale::NONE)?;
-        let mut outs: Vec<_> = grads.iter_mut().map(|g| g.slice_mut(..)).collect();
-        fusion.unpack(comm, &mut outs)
+    let grads = || {
+        (0..tensors)
+            .map(|_| alloc(len))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    // SAFETY: every buffer below is used on the communication stream only
+    // and dropped at the end of this function (freed in its order).
+    let (mut fast, mut whole, mut fusion) = unsafe {
+        untracked(comm, || -> Result<_, NcclError> {
+            Ok((
+                grads()?,
+                alloc(len * tensors)?,
+                DeviceFusionBuffer::new(comm, len * tensors * 4)?,
+            ))
+        })
+    }?;
+    let mut tracked = grads()?;
+    comm.flush()?.wait()?;
+    let (mut packs, mut unpacks) = (Vec::new(), Vec::new());
+    let fused = timed(comm, warmup, iters, &mut |comm| {
+        let (pack, unpack) = fused_step(comm, &mut fusion, &mut fast)?;
+        packs.push(pack);
+        unpacks.push(unpack);
+        Ok(())
     })?;
-    let separate = timed(&mut |comm| {
-        for g in grads.iter_mut() {
+    let fused_tracked = timed(comm, warmup, iters, &mut |comm| {
+        fused_step(comm, &mut fusion, &mut tracked).map(drop)
+    })?;
+    let separate = timed(comm, warmup, iters, &mut |comm| {
+        for g in fast.iter_mut() {
             comm.all_reduce(g, ReduceOp::Sum, Scale::NONE)?;
         }
         Ok(())
     })?;
-    let single = timed(&mut |comm| {
+    let single = timed(comm, warmup, iters, &mut |comm| {
         comm.all_reduce(&mut whole, ReduceOp::Sum, Scale::NONE)
             .map(drop)
     })?;
@@ -297,6 +375,9 @@ pub fn step(
         tensors,
         tensor_bytes: len * 4,
         fused,
+        fused_tracked,
+        pack_call: median(packs),
+        unpack_call: median(unpacks),
         separate,
         single,
     })

@@ -282,4 +282,66 @@ mod tests {
         ];
         assert!(plan_pulls(0, &uneven, &[0]).is_err());
     }
+
+    #[test]
+    fn rings_and_gathers_plan_at_three_four_and_eight_ranks() {
+        for n in [3usize, 4, 8] {
+            // Rank r gathers 64 bytes from 0x1000 * (r + 1) and sends two
+            // messages right (8 and 16 bytes), receiving two from the left.
+            let posts: Vec<Posts> = (0..n)
+                .map(|r| {
+                    let base = 0x1000 * (r as u64 + 1);
+                    Posts {
+                        ready_event: r as u64,
+                        gathers: vec![(base, 64)],
+                        sends: vec![
+                            post((r + 1) % n, base + 0x100, 8),
+                            post((r + 1) % n, base + 0x200, 16),
+                        ],
+                        recvs: vec![
+                            post((r + n - 1) % n, base + 0x300, 8),
+                            post((r + n - 1) % n, base + 0x400, 16),
+                        ],
+                    }
+                })
+                .collect();
+            for rank in 0..n {
+                let pulls = plan_pulls(rank, &posts, &[0x9000]).unwrap();
+                assert_eq!(pulls.len(), n + 2, "n = {n}");
+                for (p, pull) in pulls.iter().take(n).enumerate() {
+                    assert_eq!(
+                        (pull.src_rank, pull.dst, pull.bytes),
+                        (p, 0x9000 + 64 * p as u64, 64)
+                    );
+                }
+                let left = (rank + n - 1) % n;
+                let lbase = 0x1000 * (left as u64 + 1);
+                let mine = 0x1000 * (rank as u64 + 1);
+                assert_eq!(
+                    pulls[n],
+                    Pull {
+                        src_rank: left,
+                        src: lbase + 0x100,
+                        dst: mine + 0x300,
+                        bytes: 8
+                    }
+                );
+                assert_eq!(
+                    pulls[n + 1],
+                    Pull {
+                        src_rank: left,
+                        src: lbase + 0x200,
+                        dst: mine + 0x400,
+                        bytes: 16
+                    }
+                );
+            }
+            // A rank that receives from the wrong side: every rank sees it.
+            let mut bad = posts.clone();
+            bad[1].recvs[0].peer = 2 % n;
+            for rank in 0..n {
+                assert!(plan_pulls(rank, &bad, &[0x9000]).is_err(), "n = {n}");
+            }
+        }
+    }
 }

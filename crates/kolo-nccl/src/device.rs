@@ -2,6 +2,7 @@
 //! non-blocking stream at the highest priority the device offers, and a
 //! pool of reusable events.
 
+use crate::batched_copy::{CopyKernel, CopyTables};
 use crate::completion::Fence;
 use crate::driver_ext;
 use crate::error::NcclError;
@@ -9,6 +10,7 @@ use crate::event_pool::{Pool, PoolStats};
 use crate::probe;
 use crate::scale::ScaleModule;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use parking_lot::Mutex;
 use std::sync::{Arc, OnceLock};
 
 /// Free events kept per device.
@@ -22,6 +24,10 @@ pub struct Device {
     priority: i32,
     /// The scale kernels, loaded on first use (or why they could not be).
     scale: OnceLock<Result<ScaleModule, NcclError>>,
+    /// The batched copy kernel, likewise.
+    copy: OnceLock<Result<CopyKernel, NcclError>>,
+    /// The batched copy kernel's table slots.
+    tables: Mutex<CopyTables>,
 }
 
 impl std::fmt::Debug for Device {
@@ -62,6 +68,8 @@ impl Device {
                 events: Arc::new(Pool::new(MAX_IDLE_EVENTS)),
                 priority: greatest,
                 scale: OnceLock::new(),
+                copy: OnceLock::new(),
+                tables: Mutex::new(CopyTables::default()),
             })
         })
     }
@@ -93,6 +101,20 @@ impl Device {
             .get_or_init(|| ScaleModule::load(&self.ctx))
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// The batched copy kernel of this device, JIT-compiled on the first
+    /// call (a failure is remembered and returned every time).
+    pub(crate) fn copy_kernel(&self) -> Result<&CopyKernel, NcclError> {
+        self.copy
+            .get_or_init(|| CopyKernel::load(&self.ctx))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The batched copy kernel's table slots.
+    pub(crate) fn copy_tables(&self) -> &Mutex<CopyTables> {
+        &self.tables
     }
 
     /// Makes this device's context current on the calling thread.

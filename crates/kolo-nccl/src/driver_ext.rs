@@ -97,6 +97,22 @@ pub unsafe fn copy(
     }
 }
 
+/// `cuMemHostGetDevicePointer`: the device address of mapped pinned host
+/// memory (allocated with `CU_MEMHOSTALLOC_DEVICEMAP`), which kernels of
+/// the current context may read directly.
+///
+/// # Safety
+/// `host` points into live pinned memory mapped for the current context.
+pub unsafe fn host_device_pointer(host: *mut u8) -> Result<sys::CUdeviceptr, NcclError> {
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer; `host` per the caller's
+    // contract.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host.cast(), 0) }
+        .result()
+        .map_err(NcclError::on_cuda("cuMemHostGetDevicePointer"))?;
+    Ok(ptr)
+}
+
 /// `cuModuleLoadDataEx` of a PTX `image` into the current context; a JIT
 /// failure carries the JIT's error log.
 ///

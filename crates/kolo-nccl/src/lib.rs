@@ -40,6 +40,10 @@
 //! or nvcc. Only u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL
 //! has no such type); [`HostStaging`] covers them. See [`reduce_plan`].
 //!
+//! The [`DeviceFusionBuffer`] packs and unpacks many tensors with one
+//! launch of a second hand-written kernel, a batched copy over a table of
+//! (source, destination, bytes) rows uploaded in one copy ([`copy_ptx`]).
+//!
 //! # CUDA version
 //!
 //! cudarc is built with `cuda-12080`: the 12.8 driver API, which drivers of
@@ -91,6 +95,7 @@
 //! assert_eq!(sums, vec![vec![3.0f32; 4]; 2]);
 //! ```
 
+mod batched_copy;
 pub mod bench;
 mod board;
 mod bootstrap;
@@ -98,15 +103,20 @@ mod comm;
 mod completion;
 mod copy_engine;
 mod copy_plan;
+pub mod copy_ptx;
 mod device;
 mod driver_ext;
 pub mod error;
 pub mod event_pool;
 mod fusion;
 mod ops;
+mod outbox;
 mod p2p;
 pub mod plan;
 pub mod probe;
+#[cfg(test)]
+mod ptx_interp;
+mod ptx_module;
 mod raw_comm;
 mod reduce_ops;
 pub mod reduce_plan;

@@ -6,26 +6,25 @@
 //! memset, any other factor leaves the values as they are.
 
 use crate::comm::NcclComm;
-use crate::driver_ext;
 use crate::error::NcclError;
+use crate::ptx_module::PtxModule;
 use crate::reduce_plan::ReducePlan;
 use crate::scale_ptx::{launch_dims, module_source, ScaleKernel};
-use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUmodule, CUstream};
+use cudarc::driver::sys::{CUdeviceptr, CUfunction, CUstream};
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtrMut};
 use kolo_protocol::DataType;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 /// The loaded module and its functions, in [`ScaleKernel::ALL`] order.
 pub(crate) struct ScaleModule {
-    ctx: Arc<CudaContext>,
-    module: CUmodule,
+    module: PtxModule,
     functions: Vec<(ScaleKernel, CUfunction)>,
 }
 
-// SAFETY: module and function handles are plain driver handles, valid in
-// any thread that makes their context current (`launch` and `drop` bind
-// it); launching the same function from several threads is allowed.
+// SAFETY: function handles are plain driver handles of `module`'s context,
+// valid in any thread that makes it current (`launch` binds it); launching
+// one function from several threads is allowed.
 unsafe impl Send for ScaleModule {}
 // SAFETY: as above: `&self` only reads the handles.
 unsafe impl Sync for ScaleModule {}
@@ -33,28 +32,12 @@ unsafe impl Sync for ScaleModule {}
 impl ScaleModule {
     /// JIT-compiles the module into `ctx`.
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<ScaleModule, NcclError> {
-        ctx.bind_to_thread()
-            .map_err(NcclError::on_cuda("cuCtxSetCurrent"))?;
-        let source = CString::new(module_source()).map_err(|_| {
-            NcclError::InvalidArgument("the scale kernels' PTX contains a NUL".into())
-        })?;
-        // SAFETY: `ctx` was made current above.
-        let module = unsafe { driver_ext::load_ptx(&source) }?;
-        let mut loaded = ScaleModule {
-            ctx: ctx.clone(),
-            module,
-            functions: Vec::with_capacity(ScaleKernel::ALL.len()),
-        };
-        for kernel in ScaleKernel::ALL {
-            let name = CString::new(kernel.name()).map_err(|_| {
-                NcclError::InvalidArgument(format!("kernel name {} has a NUL", kernel.name()))
-            })?;
-            // SAFETY: `module` is loaded (and unloaded only by `drop`).
-            let function = unsafe { cudarc::driver::result::module::get_function(module, name) }
-                .map_err(NcclError::on_cuda("cuModuleGetFunction"))?;
-            loaded.functions.push((kernel, function));
-        }
-        Ok(loaded)
+        let module = PtxModule::load(ctx, module_source(), "scale kernels'")?;
+        let functions = ScaleKernel::ALL
+            .iter()
+            .map(|&kernel| Ok((kernel, module.function(kernel.name())?)))
+            .collect::<Result<Vec<_>, NcclError>>()?;
+        Ok(ScaleModule { module, functions })
     }
 
     /// Enqueues `dst[i] = src[i] * factor` for `n` elements of `dtype` on
@@ -76,9 +59,7 @@ impl ScaleModule {
         if n == 0 {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(NcclError::on_cuda("cuCtxSetCurrent"))?;
+        self.module.bind()?;
         let kernel = ScaleKernel::for_dtype(dtype).ok_or_else(|| NcclError::Unsupported {
             op: "scale".into(),
             dtype,
@@ -138,16 +119,6 @@ unsafe fn bool_scale(
             .map_err(NcclError::on_cuda("cuMemcpyDtoDAsync"))
     } else {
         Ok(())
-    }
-}
-
-impl Drop for ScaleModule {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: loaded by `load`, unloaded once here; the handles are
-            // not used after (launches already enqueued keep their code).
-            let _ = unsafe { cudarc::driver::result::module::unload(self.module) };
-        }
     }
 }
 

@@ -10,9 +10,10 @@
 //! [`crate::widen`]). Everything travels as bytes, so every dtype works.
 //!
 //! Point-to-point: NCCL has no tags and its sends wait for the receiver,
-//! so `send` only stages the data on the device; the staged sends to a
-//! peer are issued in one NCCL group with the next receive from (or
-//! `sendrecv` or transaction involving) that peer, and at drop. Messages
+//! so `send` only stages the data on the device; every staged send is
+//! issued in one NCCL group with this rank's next receive, `sendrecv` or
+//! transaction, and at drop (see `outbox.rs`: rings of any size, such as
+//! send right / barrier / receive left, pair up). Messages
 //! between a pair are matched in the order sent whatever their tags:
 //! receiving in another order than sending (kolo-conformance's
 //! `unordered_p2p`) is not supported, and a receive of another length than
@@ -22,6 +23,7 @@
 
 use crate::comm::NcclComm;
 use crate::error::NcclError;
+use crate::outbox::Outbox;
 use crate::plan;
 use crate::widen::{self, Carrier};
 use cudarc::driver::CudaSlice;
@@ -39,7 +41,7 @@ pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 pub struct HostStaging<'a, C: Controller + ?Sized> {
     pub(crate) comm: &'a mut NcclComm,
     ctrl: &'a mut C,
-    pub(crate) staged: Vec<(usize, CudaSlice<u8>)>,
+    pub(crate) staged: Outbox<CudaSlice<u8>>,
     chunk_bytes: usize,
 }
 
@@ -95,7 +97,7 @@ impl<'a, C: Controller + ?Sized> HostStaging<'a, C> {
         HostStaging {
             comm,
             ctrl,
-            staged: Vec::new(),
+            staged: Outbox::default(),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
         }
     }
@@ -215,19 +217,15 @@ impl<'a, C: Controller + ?Sized> HostStaging<'a, C> {
         Ok(())
     }
 
-    /// Issues the staged sends to `peers`, then `sends`, with receives of
-    /// `recvs` (peer, bytes) in one NCCL group; waits; returns the received
-    /// bytes in order.
+    /// Issues every staged send, then `sends`, with receives of `recvs`
+    /// (peer, bytes) in one NCCL group; waits; returns the received bytes
+    /// in order.
     fn exchange(
         &mut self,
-        peers: &[usize],
         sends: Vec<(usize, CudaSlice<u8>)>,
         recvs: &[(usize, usize)],
     ) -> Result<Vec<Vec<u8>>, NcclError> {
-        let (mut all, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.staged)
-            .into_iter()
-            .partition(|(p, _)| peers.contains(p));
-        self.staged = keep;
+        let mut all = self.staged.take_all();
         all.extend(sends);
         let mut bufs = recvs
             .iter()
@@ -273,7 +271,7 @@ impl<C: Controller + ?Sized> Drop for HostStaging<'_, C> {
     /// communicator's teardown bound (a peer that never receives leaves
     /// them pending; closing the communicator then aborts it).
     fn drop(&mut self) {
-        let staged = std::mem::take(&mut self.staged);
+        let staged = self.staged.take_all();
         if staged.is_empty() {
             return;
         }
@@ -328,7 +326,7 @@ impl<C: Controller + ?Sized> Collectives for HostStaging<'_, C> {
         let bytes = byte_view::as_bytes(buf);
         if !bytes.is_empty() {
             let staged = self.upload(bytes)?;
-            self.staged.push((peer, staged));
+            self.staged.push(peer, staged);
         }
         Ok(())
     }
@@ -339,7 +337,7 @@ impl<C: Controller + ?Sized> Collectives for HostStaging<'_, C> {
         if bytes == 0 {
             return Ok(());
         }
-        let got = self.exchange(&[peer], Vec::new(), &[(peer, bytes)])?;
+        let got = self.exchange(Vec::new(), &[(peer, bytes)])?;
         let data = got
             .first()
             .ok_or_else(|| TransportError::Backend("NCCL receive returned no buffer".into()))?;
@@ -368,7 +366,7 @@ impl<C: Controller + ?Sized> Collectives for HostStaging<'_, C> {
         } else {
             vec![(src, bytes)]
         };
-        let got = self.exchange(&[dst, src], sends, &recvs)?;
+        let got = self.exchange(sends, &recvs)?;
         if let Some(data) = got.first() {
             byte_view::copy_from_bytes(recv, data)?;
         }

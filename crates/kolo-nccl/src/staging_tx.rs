@@ -105,23 +105,13 @@ impl<C: Controller + ?Sized> HostStaging<'_, C> {
                 }
             });
         }
-        let peers: Vec<usize> = staged
-            .iter()
-            .filter_map(|s| match s {
-                Staged::Send { peer, .. } | Staged::Recv { peer, .. } => Some(*peer),
-                _ => None,
-            })
-            .collect();
-        let (earlier, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.staged)
-            .into_iter()
-            .partition(|(p, _)| peers.contains(p));
-        self.staged = keep;
-        if !earlier.is_empty() && self.comm.copy_engine() == CopyEngine::On {
+        if !self.staged.is_empty() && self.comm.copy_engine() == CopyEngine::On {
             return Err(NcclError::InvalidArgument(
                 "a copy-engine transaction cannot carry earlier staged sends; receive them first"
                     .into(),
             ));
         }
+        let earlier = self.staged.take_all();
         {
             let mut dtx = self.comm.begin()?;
             for (peer, buf) in &earlier {

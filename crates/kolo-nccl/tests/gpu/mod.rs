@@ -3,13 +3,14 @@
 //! conformance suite through `HostStaging`, and error paths. Each check
 //! prints one line; [`Report`] counts failures.
 
+pub mod batched_copy;
 pub mod device_ops;
 pub mod scaling;
 pub mod transactions;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use kolo_conformance::{run_suite, SuiteOptions};
-use kolo_nccl::bench::{latency, step, time_op, BenchOp, SIZES};
+use kolo_nccl::bench::{latency, latency_breakdown, step, time_op, BenchOp, SIZES};
 use kolo_nccl::{DeviceElement, HostStaging, NcclComm, NcclError, Teardown};
 use kolo_transport::{Controller, Element, Topology};
 use std::sync::Arc;
@@ -151,6 +152,7 @@ pub fn run_all<C: Controller + ?Sized>(comm: &mut NcclComm, ctrl: &mut C, report
     device_ops::run::<half::f16>(comm, report);
     device_ops::run::<half::bf16>(comm, report);
     device_ops::run::<i32>(comm, report);
+    batched_copy::run(comm, report);
     scaling::scaled(comm, report);
     scaling::errors(comm, report);
     transactions::run(comm, report);
@@ -187,46 +189,122 @@ pub fn close(comm: NcclComm, report: &mut Report) {
     );
 }
 
-/// nccl-tests-style table, the small-allreduce latency and the
-/// many-gradients step, printed by rank 0 (every rank runs them).
+/// One machine-readable bench row: `json: {...}` (run.sh collects them).
+fn json_row(label: &str, ranks: usize, kind: &str, fields: &[(&str, f64)]) {
+    let mut row = format!("json: {{\"label\":\"{label}\",\"ranks\":{ranks},\"kind\":\"{kind}\"");
+    for (key, value) in fields {
+        row.push_str(&format!(",\"{key}\":{value:.3}"));
+    }
+    println!("{row}}}");
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// nccl-tests-style table, the small-allreduce latency and its breakdown,
+/// and the many-gradients step, printed by rank 0 (every rank runs them),
+/// each row also as a `json:` line.
 pub fn print_bench(comm: &mut NcclComm, label: &str) {
-    let rank = comm.rank();
+    let (rank, n) = (comm.rank(), comm.size());
     for op in BenchOp::ALL {
         for bytes in SIZES {
             let iters = if bytes >= 1 << 30 { 10 } else { 20 };
             match time_op(comm, op, bytes, 5, iters) {
-                Ok(r) if rank == 0 => println!(
-                    "bench [{label}] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
-                    op.name(),
-                    r.bytes,
-                    r.time.as_secs_f64() * 1e6,
-                    r.algbw,
-                    r.busbw
-                ),
+                Ok(r) if rank == 0 => {
+                    println!(
+                        "bench [{label}] {:>14} {:>10} B  {:>9.1} us  algbw {:>7.1} GB/s  busbw {:>7.1} GB/s",
+                        op.name(),
+                        r.bytes,
+                        us(r.time),
+                        r.algbw,
+                        r.busbw
+                    );
+                    json_row(
+                        label,
+                        n,
+                        op.name(),
+                        &[
+                            ("bytes", r.bytes as f64),
+                            ("time_us", us(r.time)),
+                            ("algbw_gbs", r.algbw),
+                            ("busbw_gbs", r.busbw),
+                        ],
+                    );
+                }
                 Ok(_) => {}
-                Err(e) => println!("rank {rank}: bench {} {bytes} B failed: {e}", op.name()),
+                Err(e) => println!("rank {rank}: FAIL bench {} {bytes} B: {e}", op.name()),
             }
         }
     }
     match latency(comm, 8, 20, 200) {
         Ok(t) if rank == 0 => println!(
             "small: [{label}] 8 B allreduce median {:.1} us (call to completion, host clock)",
-            t.as_secs_f64() * 1e6
+            us(t)
         ),
         Ok(_) => {}
-        Err(e) => println!("rank {rank}: small allreduce failed: {e}"),
+        Err(e) => println!("rank {rank}: FAIL small allreduce: {e}"),
+    }
+    match latency_breakdown(comm, 8, 20, 200) {
+        Ok(b) if rank == 0 => {
+            println!(
+                "small: [{label}] 8 B allreduce: host call {:.1} us; device per op back to back {:.1} us (event-tracked buffer {:.1} us, bare ncclAllReduce {:.1} us); call to completion {:.1} us",
+                us(b.call),
+                us(b.device),
+                us(b.device_tracked),
+                us(b.device_raw),
+                us(b.complete)
+            );
+            json_row(
+                label,
+                n,
+                "small_allreduce",
+                &[
+                    ("bytes", b.bytes as f64),
+                    ("call_us", us(b.call)),
+                    ("device_us", us(b.device)),
+                    ("device_tracked_us", us(b.device_tracked)),
+                    ("device_raw_us", us(b.device_raw)),
+                    ("complete_us", us(b.complete)),
+                ],
+            );
+        }
+        Ok(_) => {}
+        Err(e) => println!("rank {rank}: FAIL small allreduce breakdown: {e}"),
     }
     match step(comm, 1000, 16 << 10, 3, 10) {
-        Ok(s) if rank == 0 => println!(
-            "step: [{label}] {} x {} KiB fused (pack, one allreduce, unpack) {:.3} ms; separate allreduces {:.2} ms; one {} MiB allreduce {:.3} ms",
-            s.tensors,
-            s.tensor_bytes >> 10,
-            s.fused.as_secs_f64() * 1e3,
-            s.separate.as_secs_f64() * 1e3,
-            (s.tensors * s.tensor_bytes) >> 20,
-            s.single.as_secs_f64() * 1e3
-        ),
+        Ok(s) if rank == 0 => {
+            let ratio = s.fused.as_secs_f64() / s.single.as_secs_f64().max(1e-9);
+            println!(
+                "step: [{label}] {} x {} KiB fused (pack, one allreduce, unpack) {:.3} ms = {ratio:.2}x one allreduce of the same {} bytes ({:.3} ms); pack call {:.1} us, unpack call {:.1} us; event-tracked tensors {:.3} ms; separate allreduces {:.2} ms",
+                s.tensors,
+                s.tensor_bytes >> 10,
+                s.fused.as_secs_f64() * 1e3,
+                s.tensors * s.tensor_bytes,
+                s.single.as_secs_f64() * 1e3,
+                us(s.pack_call),
+                us(s.unpack_call),
+                s.fused_tracked.as_secs_f64() * 1e3,
+                s.separate.as_secs_f64() * 1e3,
+            );
+            json_row(
+                label,
+                n,
+                "step",
+                &[
+                    ("tensors", s.tensors as f64),
+                    ("tensor_bytes", s.tensor_bytes as f64),
+                    ("fused_us", us(s.fused)),
+                    ("fused_tracked_us", us(s.fused_tracked)),
+                    ("pack_call_us", us(s.pack_call)),
+                    ("unpack_call_us", us(s.unpack_call)),
+                    ("separate_us", us(s.separate)),
+                    ("single_us", us(s.single)),
+                    ("fused_over_single", ratio),
+                ],
+            );
+        }
         Ok(_) => {}
-        Err(e) => println!("rank {rank}: step failed: {e}"),
+        Err(e) => println!("rank {rank}: FAIL step: {e}"),
     }
 }

@@ -48,7 +48,12 @@ fn start_on_threads(comm: ThreadComm, config: &Config) -> Result<Kolo, Error> {
 
 /// [`run`] with the engines started by `start` from each rank's
 /// kolo-threads communicator (the GPU engines start theirs with NCCL).
-pub(crate) fn run_ranks<R, F, S>(ranks: usize, config: &Config, start: S, f: F) -> Result<Vec<R>, Error>
+pub(crate) fn run_ranks<R, F, S>(
+    ranks: usize,
+    config: &Config,
+    start: S,
+    f: F,
+) -> Result<Vec<R>, Error>
 where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,

@@ -3,7 +3,9 @@
 //! buffer: the reduce op's identity, zero rows, or a buffer to receive
 //! into.
 
-use super::plane::{topology, NcclPlane, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_BROADCAST, NCCL_REDUCESCATTER};
+use super::plane::{
+    topology, NcclPlane, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_BROADCAST, NCCL_REDUCESCATTER,
+};
 use crate::split::{gathered_row_elems, row_elems, split_rows};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
@@ -17,7 +19,11 @@ pub(super) type Outputs<T> = Vec<Option<(CudaSlice<T>, Vec<u64>)>>;
 
 /// A device buffer of `len` copies of `fill` (at least one element: CUDA
 /// allocates no empty buffers; callers slice it to `len`).
-fn spare<T: DeviceElement>(comm: &NcclComm, len: usize, fill: T) -> Result<CudaSlice<T>, NcclError> {
+fn spare<T: DeviceElement>(
+    comm: &NcclComm,
+    len: usize,
+    fill: T,
+) -> Result<CudaSlice<T>, NcclError> {
     comm.stream()
         .clone_htod(&vec![fill; len.max(1)])
         .map_err(|e| NcclError::Cuda {
@@ -100,14 +106,19 @@ impl NcclPlane {
             views.push(written(part, spare, size_of(response, i))?);
         }
         if let [view] = views.as_mut_slice() {
-            phase(timeline, names, NCCL_ALLREDUCE, || comm.all_reduce(view, op, scale))?;
+            phase(timeline, names, NCCL_ALLREDUCE, || {
+                comm.all_reduce(view, op, scale)
+            })?;
             return Ok(Vec::new());
         }
         let fusion = match fusion {
             Some(buffer) => buffer,
-            None => fusion.insert(phase(timeline, names, activity::INIT_FUSION_BUFFER, || {
-                DeviceFusionBuffer::new(comm, 0)
-            })?),
+            None => fusion.insert(phase(
+                timeline,
+                names,
+                activity::INIT_FUSION_BUFFER,
+                || DeviceFusionBuffer::new(comm, 0),
+            )?),
         };
         let count = phase(timeline, names, activity::MEMCPY_IN_FUSION_BUFFER, || {
             let sources: Vec<CudaView<'_, T>> = views.iter().map(|v| v.as_view()).collect();

@@ -28,7 +28,12 @@ where
 /// [`run`] with the communicators' options (operation and teardown
 /// timeouts, ...). The device of rank r is r unless `options.device` pins
 /// one; the mode is thread-per-GPU unless `options.mode` says otherwise.
-pub fn run_with<R, F>(gpus: usize, config: Config, options: NcclOptions, f: F) -> Result<Vec<R>, Error>
+pub fn run_with<R, F>(
+    gpus: usize,
+    config: Config,
+    options: NcclOptions,
+    f: F,
+) -> Result<Vec<R>, Error>
 where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,

@@ -175,8 +175,7 @@ impl ReadyEvents {
             return Ok(Arc::clone(event));
         }
         let event = Arc::new(stream.record_event(None)?);
-        self.recorded
-            .push((Arc::clone(stream), Arc::clone(&event)));
+        self.recorded.push((Arc::clone(stream), Arc::clone(&event)));
         Ok(event)
     }
 }

@@ -22,7 +22,10 @@ impl<B: Backend> Engine<B> {
         response: &Response,
         slots: Vec<Option<Entry>>,
     ) {
-        match (refusal(response, self.device.is_some()), self.device.as_mut()) {
+        match (
+            refusal(response, self.device.is_some()),
+            self.device.as_mut(),
+        ) {
             (None, Some(plane)) => plane.perform(kind, response, slots, &self.timeline),
             (message, _) => {
                 let message = message.unwrap_or_default();

@@ -47,7 +47,22 @@ pub(super) struct Part<T: 'static> {
     pub shape: Vec<u64>,
 }
 
+impl<T: 'static> Drop for Part<T> {
+    /// A part dropped before its handle completed (its work was dropped
+    /// unrun, or the engine unwound) fails the handle instead of leaving
+    /// it waiting; a completed handle keeps its result.
+    fn drop(&mut self) {
+        if let Some(completion) = self.completion.take() {
+            completion.complete(Err(Error::Collective {
+                tensor: self.name.clone(),
+                message: "the engine dropped the device operation before it completed".into(),
+            }));
+        }
+    }
+}
+
 impl NcclPlane {
+    /// The plane of `comm` (its fusion buffer is allocated on first use).
     pub(crate) fn new(comm: NcclComm) -> Self {
         NcclPlane { comm, fusion: None }
     }

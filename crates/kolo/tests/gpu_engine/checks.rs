@@ -248,7 +248,7 @@ fn host(kolo: &Kolo) -> Result<(), String> {
     kolo.allreduce("host/grad", &mut t, ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     let want = (1..=kolo.size()).sum::<usize>() as f64;
-    expect_eq(&t, &vec![want; 10])
+    expect_eq(&t, &[want; 10])
 }
 
 /// `submit` must fail on every rank with a mismatch naming the tensor,

@@ -4,8 +4,9 @@
 //!   (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
-//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks and kolo-bench, built into
-//!   `gpu-dist/` with a `run.sh`; run here when a GPU is present.
+//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks
+//!   and kolo-bench, built into `gpu-dist/` with a `run.sh` and a
+//!   `run-engine.sh`; run here when a GPU is present.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

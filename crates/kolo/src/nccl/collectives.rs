@@ -4,18 +4,22 @@
 //! into.
 
 use super::plane::{
-    topology, NcclPlane, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_BROADCAST, NCCL_REDUCESCATTER,
+    topology, NcclPlane, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST,
+    NCCL_REDUCESCATTER,
 };
-use crate::split::{gathered_row_elems, row_elems, split_rows};
+use super::tensor::DeviceReceived;
+use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
 use kolo_protocol::Response;
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::Scale;
+use std::any::Any;
 
-/// What a response leaves per tensor: a buffer the engine allocated, with
-/// its shape (allgather), or nothing (in-place results).
-pub(super) type Outputs<T> = Vec<Option<(CudaSlice<T>, Vec<u64>)>>;
+/// What a response leaves per tensor: an output the engine allocated
+/// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`]) with its
+/// shape, or nothing (in-place results).
+pub(crate) type Outputs = Vec<Option<(Box<dyn Any + Send>, Vec<u64>)>>;
 
 /// A device buffer of `len` copies of `fill` (at least one element: CUDA
 /// allocates no empty buffers; callers slice it to `len`).
@@ -87,7 +91,7 @@ impl NcclPlane {
         parts: &mut [Part<T>],
         timeline: &Timeline,
         names: &[&str],
-    ) -> Result<Outputs<T>, NcclError> {
+    ) -> Result<Outputs, NcclError> {
         let op = response.reduce_op;
         let scale = Scale {
             prescale: response.prescale,
@@ -139,7 +143,7 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs<T>, NcclError> {
+    ) -> Result<Outputs, NcclError> {
         let root = response.root_rank as usize;
         for (i, part) in parts.iter_mut().enumerate() {
             let len = size_of(response, i);
@@ -162,7 +166,7 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs<T>, NcclError> {
+    ) -> Result<Outputs, NcclError> {
         let (rank, size) = topology(&self.comm);
         let op = response.reduce_op;
         let scale = Scale {
@@ -228,7 +232,7 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs<T>, NcclError> {
+    ) -> Result<Outputs, NcclError> {
         let (_, size) = topology(&self.comm);
         let mut outputs = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
@@ -265,7 +269,67 @@ impl NcclPlane {
             } else {
                 std::iter::once(rows.iter().sum()).chain(trailing).collect()
             };
-            outputs.push(Some((gathered, shape)));
+            outputs.push(Some((Box::new(gathered) as Box<dyn Any + Send>, shape)));
+        }
+        Ok(outputs)
+    }
+
+    /// Exchanges each tensor: rank r's rows for rank p go to p; the output
+    /// is what every peer sent, in peer order, with the received row
+    /// counts.
+    pub(super) fn alltoall<T: DeviceElement>(
+        &mut self,
+        response: &Response,
+        parts: &mut [Part<T>],
+        timeline: &Timeline,
+    ) -> Result<Outputs, NcclError> {
+        let (rank, size) = topology(&self.comm);
+        let mut outputs = Vec::with_capacity(parts.len());
+        for part in parts.iter() {
+            let row = if part.shape.is_empty() {
+                0
+            } else {
+                row_elems(&part.shape)
+            };
+            let (send_counts, recv_counts) = alltoall_counts(&response.splits, size, rank, row)
+                .ok_or_else(|| {
+                    NcclError::InvalidArgument(format!(
+                        "the alltoall splits {:?} do not form a {size}x{size} matrix",
+                        response.splits
+                    ))
+                })?;
+            let spare_in = match part.args {
+                Some(_) => None,
+                None => Some(spare(&self.comm, 0, T::default())?),
+            };
+            let input = read(part, &spare_in, 0)?;
+            let total: usize = recv_counts.iter().sum();
+            let mut received = spare(&self.comm, total, T::default())?;
+            phase(timeline, &[&part.name], NCCL_ALLTOALL, || {
+                self.comm.all_to_allv(
+                    &input,
+                    &send_counts,
+                    &mut received.slice_mut(..total),
+                    &recv_counts,
+                )
+            })?;
+            let splits: Vec<usize> = (0..size)
+                .map(|p| {
+                    response
+                        .splits
+                        .get(p * size + rank)
+                        .and_then(|&r| usize::try_from(r).ok())
+                        .unwrap_or(0)
+                })
+                .collect();
+            let shape: Vec<u64> = std::iter::once(splits.iter().sum::<usize>() as u64)
+                .chain(part.shape.iter().skip(1).copied())
+                .collect();
+            let output = DeviceReceived {
+                data: received,
+                splits,
+            };
+            outputs.push(Some((Box::new(output) as Box<dyn Any + Send>, shape)));
         }
         Ok(outputs)
     }

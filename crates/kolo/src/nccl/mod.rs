@@ -50,7 +50,9 @@ mod tensor;
 
 pub use cudarc;
 pub use kolo_nccl::{DeviceElement, NcclOptions};
-pub use plane::{NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_BROADCAST, NCCL_REDUCESCATTER};
+pub use plane::{
+    NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
+};
 pub use scope::DeviceScope;
 pub use start::{run, run_with};
-pub use tensor::{DeviceTensor, DeviceTensorMut};
+pub use tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};

@@ -8,17 +8,18 @@
 //! event is recorded; and the response's [`Work`](kolo_nccl::Work)
 //! completes every tensor's handle and releases the caller's memory.
 
+use super::collectives::Outputs;
 use super::tensor::{DeviceArgs, DeviceDone};
 use crate::device::DevicePlane;
 use crate::error::Error;
 use crate::handle::{Completion, Payload};
 use crate::table::Entry;
-use cudarc::driver::{CudaEvent, CudaSlice};
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+use cudarc::driver::CudaEvent;
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
 use kolo_protocol::{RequestKind, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Topology};
-use std::any::Any;
 use std::sync::Arc;
 
 /// Timeline activity of the NCCL allreduce (Horovod's name).
@@ -29,6 +30,8 @@ pub const NCCL_ALLGATHER: &str = "NCCL_ALLGATHER";
 pub const NCCL_BROADCAST: &str = "NCCL_BROADCAST";
 /// Timeline activity of the NCCL reduce-scatter.
 pub const NCCL_REDUCESCATTER: &str = "NCCL_REDUCESCATTER";
+/// Timeline activity of the NCCL alltoall (grouped sends and receives).
+pub const NCCL_ALLTOALL: &str = "NCCL_ALLTOALL";
 
 /// One rank's NCCL communicator and device fusion buffer.
 pub(crate) struct NcclPlane {
@@ -86,6 +89,7 @@ impl NcclPlane {
             RequestKind::Broadcast => self.broadcast(response, &mut parts, timeline),
             RequestKind::ReduceScatter => self.reduce_scatter(response, &mut parts, timeline),
             RequestKind::Allgather => self.allgather(response, &mut parts, timeline),
+            RequestKind::Alltoall => self.alltoall(response, &mut parts, timeline),
             other => Err(NcclError::InvalidArgument(format!(
                 "{other} is not offered on device tensors"
             ))),
@@ -115,13 +119,13 @@ impl NcclPlane {
         &mut self,
         response: &Response,
         parts: Vec<Part<T>>,
-        outputs: Vec<Option<(CudaSlice<T>, Vec<u64>)>>,
+        outputs: Outputs,
         timeline: &Timeline,
     ) {
         let done = self
             .comm
             .stream()
-            .record_event(None)
+            .record_event(Some(CU_EVENT_DISABLE_TIMING))
             .map_err(|e| NcclError::Cuda {
                 call: "cuEventRecord",
                 message: format!("{e:?}"),
@@ -147,7 +151,7 @@ impl NcclPlane {
                 let result = match &outcome {
                     Ok(()) => Ok(Box::new(DeviceDone {
                         done: Arc::clone(&done),
-                        output: output.map(|o| Box::new(o) as Box<dyn Any + Send>),
+                        output,
                     }) as Payload),
                     Err(e) => Err(collective(&part.name, e)),
                 };

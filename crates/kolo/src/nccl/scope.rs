@@ -8,7 +8,9 @@
 //! returns only once the engine is done with every tensor submitted in it,
 //! whatever became of the handles.
 
-use super::tensor::{DeviceArgs, DeviceDone, DeviceTensor, DeviceTensorMut, Leases, ReadyEvents};
+use super::tensor::{
+    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, Leases, ReadyEvents,
+};
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::{Handle, Payload};
@@ -112,6 +114,20 @@ impl Kolo {
         self.device_scope(|s| s.allgather_async(name, input)?.wait())
     }
 
+    /// Sends `splits[p]` rows of the device tensor `send` to each rank p
+    /// and returns what every rank sent here, in rank order, in a new
+    /// device buffer, with the row counts (blocking; empty `splits` split
+    /// evenly).
+    pub fn alltoall_device<'t, T: DeviceElement>(
+        &self,
+        name: &str,
+        send: impl Into<DeviceTensor<'t, T>>,
+        splits: &[usize],
+    ) -> Result<DeviceReceived<T>, Error> {
+        let send = send.into();
+        self.device_scope(|s| s.alltoall_async(name, send, splits)?.wait())
+    }
+
     /// Copies the root's device tensor into every rank's (blocking).
     pub fn broadcast_device<'t, T: DeviceElement>(
         &self,
@@ -177,17 +193,37 @@ impl<'scope> DeviceScope<'scope, '_> {
         name: &str,
         input: impl Into<DeviceTensor<'scope, T>>,
     ) -> Result<Handle<'scope, CudaSlice<T>>, Error> {
-        let input = input.into();
+        self.gathering(name, RequestKind::Allgather, input.into(), &[])
+    }
+
+    /// Submits an alltoall of the device tensor `send` (see
+    /// [`Kolo::alltoall_device`]).
+    pub fn alltoall_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        send: impl Into<DeviceTensor<'scope, T>>,
+        splits: &[usize],
+    ) -> Result<Handle<'scope, DeviceReceived<T>>, Error> {
+        self.gathering(name, RequestKind::Alltoall, send.into(), splits)
+    }
+
+    /// Submits an operation that reads `input` and returns an output of
+    /// type `O` the engine allocates (allgather, alltoall).
+    fn gathering<T: DeviceElement, O: Send + 'static>(
+        &'scope self,
+        name: &str,
+        kind: RequestKind,
+        input: DeviceTensor<'scope, T>,
+        splits: &[usize],
+    ) -> Result<Handle<'scope, O>, Error> {
+        check_shape(name, &input.shape, input.view.len())?;
         let request = Request {
             device: self.device_of(name, input.view.stream())?,
-            ..self.kolo.request(
-                name,
-                RequestKind::Allgather,
-                T::DTYPE,
-                wire_shape(&input.shape),
-            )
+            splits: splits.iter().map(|&s| s as u64).collect(),
+            ..self
+                .kolo
+                .request(name, kind, T::DTYPE, wire_shape(&input.shape))
         };
-        check_shape(name, &input.shape, input.view.len())?;
         let mut ready = ReadyEvents::default();
         let item = self.item(request, Some(input.view), None, &mut ready)?;
         let tensor = name.to_owned();
@@ -195,9 +231,9 @@ impl<'scope> DeviceScope<'scope, '_> {
             outputs
                 .pop()
                 .flatten()
-                .and_then(|o| o.downcast::<CudaSlice<T>>().ok())
+                .and_then(|o| o.downcast::<O>().ok())
                 .map(|o| *o)
-                .ok_or_else(|| internal(&tensor, "the gathered buffer is missing"))
+                .ok_or_else(|| internal(&tensor, "the engine's output is missing"))
         })
     }
 

@@ -4,6 +4,7 @@
 //! and a `Lease` that tells the caller's scope when the engine is done
 //! with the memory).
 
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
@@ -87,6 +88,17 @@ impl<'a, T> From<CudaViewMut<'a, T>> for DeviceTensorMut<'a, T> {
         let shape = vec![view.len()];
         DeviceTensorMut { view, shape }
     }
+}
+
+/// What a device alltoall delivered to this rank.
+#[derive(Debug)]
+pub struct DeviceReceived<T> {
+    /// Every peer's rows for this rank, in peer order, in a buffer the
+    /// engine allocated on its stream (one spare element when nothing
+    /// arrived: CUDA allocates no empty buffers).
+    pub data: CudaSlice<T>,
+    /// How many rows came from each peer, in peer order.
+    pub splits: Vec<usize>,
 }
 
 /// The caller's memory the engine works on for one tensor, with the
@@ -174,7 +186,7 @@ impl ReadyEvents {
         if let Some((_, event)) = self.recorded.iter().find(|(s, _)| Arc::ptr_eq(s, stream)) {
             return Ok(Arc::clone(event));
         }
-        let event = Arc::new(stream.record_event(None)?);
+        let event = Arc::new(stream.record_event(Some(CU_EVENT_DISABLE_TIMING))?);
         self.recorded.push((Arc::clone(stream), Arc::clone(&event)));
         Ok(event)
     }

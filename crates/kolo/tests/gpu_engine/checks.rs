@@ -161,6 +161,33 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
         })(),
     );
     report.check(
+        &format!("alltoall {dtype} (p + 1 rows of 2 to rank p)"),
+        (|| {
+            let splits: Vec<usize> = (1..=size).collect();
+            let rows: usize = splits.iter().sum();
+            let send = upload(
+                s,
+                &(0..rows * 2)
+                    .map(|i| value::<T>(rank, i))
+                    .collect::<Vec<_>>(),
+            )?;
+            let tensor = kolo::nccl::DeviceTensor::with_shape(send.as_view(), [rows, 2]);
+            let got = kolo
+                .alltoall_device(&format!("a2a/{dtype}"), tensor, &splits)
+                .map_err(|e| e.to_string())?;
+            // Peer q sent me its block `rank`, which starts after its blocks 0..rank.
+            let start = splits[..rank].iter().sum::<usize>() * 2;
+            let want: Vec<T> = (0..size)
+                .flat_map(|q| (start..start + (rank + 1) * 2).map(move |i| value::<T>(q, i)))
+                .collect();
+            if got.splits != vec![rank + 1; size] {
+                return Err(format!("received splits {:?}", got.splits));
+            }
+            let data = download(s, &got.data)?;
+            expect_eq(&data[..want.len().min(data.len())], &want)
+        })(),
+    );
+    report.check(
         &format!("reduce_scatter {dtype} (2n + 1 rows of 4)"),
         (|| {
             let rows = 2 * size + 1;
@@ -283,6 +310,7 @@ pub fn timeline(path: &Path) -> Result<(), String> {
         "NCCL_ALLREDUCE",
         "MEMCPY_OUT_FUSION_BUFFER",
         "NCCL_ALLGATHER",
+        "NCCL_ALLTOALL",
         "fused/99",
     ]
     .into_iter()

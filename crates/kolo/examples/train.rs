@@ -38,7 +38,10 @@
 #[cfg(feature = "nccl")]
 #[path = "train/gpu.rs"]
 mod gpu;
+#[path = "train/grads.rs"]
+mod grads;
 
+use grads::{GradReducer, HostReducer};
 use kolo::{BackendKind, Kolo, ReduceOp};
 use std::time::Instant;
 
@@ -202,44 +205,6 @@ fn shard(rank: usize, teacher: &Mlp) -> Vec<(Vec<f32>, f32)> {
             (x, y)
         })
         .collect()
-}
-
-/// How a rank averages its gradients with the other ranks.
-trait GradReducer {
-    /// Replaces every gradient (named `grad/<names[i]>`) by its average
-    /// over the ranks.
-    fn average(
-        &mut self,
-        kolo: &Kolo,
-        names: &[String],
-        grads: &mut [Vec<f32>],
-    ) -> Result<(), kolo::Error>;
-}
-
-/// Host gradients: one async allreduce per tensor, last layer first (the
-/// order backprop produces them); the engine fuses them.
-struct HostReducer;
-
-impl GradReducer for HostReducer {
-    fn average(
-        &mut self,
-        kolo: &Kolo,
-        names: &[String],
-        grads: &mut [Vec<f32>],
-    ) -> Result<(), kolo::Error> {
-        let handles = names
-            .iter()
-            .zip(grads.iter_mut())
-            .rev()
-            .map(|(name, grad)| {
-                kolo.allreduce_async(&format!("grad/{name}"), grad, ReduceOp::Average)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for handle in handles {
-            handle.wait()?;
-        }
-        Ok(())
-    }
 }
 
 /// One rank's training run; returns its final parameters.

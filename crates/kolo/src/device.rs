@@ -41,6 +41,10 @@ pub(crate) fn on_device(response: &Response) -> bool {
     placement(&response.devices) != Placement::Host
 }
 
+/// Why a host engine refuses device tensors.
+pub(crate) const NO_GPU_ENGINE: &str = "device tensors need a GPU engine (kolo::nccl::run or \
+     Kolo::init_nccl_mpi); this engine only reduces host memory";
+
 /// The message of a device response the engine cannot perform.
 pub(crate) fn refusal(response: &Response, has_plane: bool) -> Option<String> {
     match placement(&response.devices) {
@@ -53,11 +57,7 @@ pub(crate) fn refusal(response: &Response, has_plane: bool) -> Option<String> {
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
-        _ if !has_plane => Some(
-            "device tensors need a GPU engine (kolo::nccl::run or Kolo::init_nccl_mpi); \
-             this engine only reduces host memory"
-                .into(),
-        ),
+        _ if !has_plane => Some(NO_GPU_ENGINE.into()),
         _ => None,
     }
 }

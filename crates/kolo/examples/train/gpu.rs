@@ -1,6 +1,6 @@
 //! The GPU half of the train example: gradients averaged on the devices.
 
-use super::GradReducer;
+use super::grads::GradReducer;
 use kolo::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use kolo::{Kolo, ReduceOp};
 use std::sync::Arc;

@@ -103,10 +103,14 @@ impl NcclPlane {
     /// The stream waits, on the GPU, for every submitter's ready event.
     fn wait_ready<T>(&self, parts: &[Part<T>]) -> Result<(), NcclError> {
         let mut waited: Vec<*const CudaEvent> = Vec::new();
-        for args in parts.iter().filter_map(|p| p.args.as_ref()) {
-            let event = Arc::as_ptr(&args.ready);
+        for ready in parts
+            .iter()
+            .filter_map(|p| p.args.as_ref())
+            .flat_map(|a| &a.ready)
+        {
+            let event = Arc::as_ptr(ready);
             if !waited.contains(&event) {
-                self.comm.wait_event(&args.ready)?;
+                self.comm.wait_event(ready)?;
                 waited.push(event);
             }
         }

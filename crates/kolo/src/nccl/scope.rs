@@ -178,7 +178,10 @@ impl<'scope> DeviceScope<'scope, '_> {
         let mut ready = ReadyEvents::default();
         let mut items = Vec::new();
         for (name, tensor) in tensors {
-            let request = self.request(name, RequestKind::Allreduce, &tensor, options)?;
+            check_shape(name, &tensor.shape, tensor.view.len())?;
+            let stream = tensor.view.stream();
+            let request =
+                self.request::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
             items.push(self.item(request, None, Some(tensor.view), &mut ready)?);
         }
         self.submit(items, |_| Ok(()))
@@ -246,13 +249,20 @@ impl<'scope> DeviceScope<'scope, '_> {
         root: usize,
     ) -> Result<Handle<'scope, ()>, Error> {
         let buf = buf.into();
+        check_shape(name, &buf.shape, buf.view.len())?;
         let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
             tensor: name.to_owned(),
             reason: format!("root rank {root} is out of range"),
         })?;
         let request = Request {
             root_rank,
-            ..self.request(name, RequestKind::Broadcast, &buf, ReduceOptions::default())?
+            ..self.request::<T>(
+                name,
+                RequestKind::Broadcast,
+                &buf.shape,
+                buf.view.stream(),
+                ReduceOptions::default(),
+            )?
         };
         let mut ready = ReadyEvents::default();
         let item = self.item(request, None, Some(buf.view), &mut ready)?;
@@ -285,36 +295,37 @@ impl<'scope> DeviceScope<'scope, '_> {
                 });
             }
         }
-        let in_tensor = DeviceTensorMut::<T> {
-            view: output.view,
-            shape: input.shape.clone(),
-        };
-        let mut request = self.request(name, RequestKind::ReduceScatter, &in_tensor, options)?;
-        request.shape = wire_shape(&input.shape);
+        // Both buffers must live on the engine's GPU: a rank failing to
+        // enqueue would leave its peers waiting in NCCL.
+        self.device_of(name, input.view.stream())?;
+        let request = self.request::<T>(
+            name,
+            RequestKind::ReduceScatter,
+            &input.shape,
+            output.view.stream(),
+            options,
+        )?;
         let mut ready = ReadyEvents::default();
-        let item = self.item(request, Some(input.view), Some(in_tensor.view), &mut ready)?;
+        let item = self.item(request, Some(input.view), Some(output.view), &mut ready)?;
         self.submit(vec![item], |_| Ok(()))
     }
 
-    /// The request of a reduction / in-place tensor, checked.
+    /// The request of a tensor of `shape` on `stream` (which must be on
+    /// the engine's GPU) with the reduction `options`.
     fn request<T: DeviceElement>(
         &self,
         name: &str,
         kind: RequestKind,
-        tensor: &DeviceTensorMut<'_, T>,
+        shape: &[usize],
+        stream: &Arc<CudaStream>,
         options: ReduceOptions,
     ) -> Result<Request, Error> {
-        if kind != RequestKind::ReduceScatter {
-            check_shape(name, &tensor.shape, tensor.view.len())?;
-        }
         Ok(Request {
-            device: self.device_of(name, tensor.view.stream())?,
+            device: self.device_of(name, stream)?,
             reduce_op: options.op,
             prescale: options.prescale,
             postscale: options.postscale,
-            ..self
-                .kolo
-                .request(name, kind, T::DTYPE, wire_shape(&tensor.shape))
+            ..self.kolo.request(name, kind, T::DTYPE, wire_shape(shape))
         })
     }
 
@@ -332,9 +343,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             }),
             None => Err(Error::InvalidArgument {
                 tensor: name.to_owned(),
-                reason: "device tensors need a GPU engine (kolo::nccl::run or \
-                         Kolo::init_nccl_mpi); this engine only reduces host memory"
-                    .into(),
+                reason: crate::device::NO_GPU_ENGINE.into(),
             }),
         }
     }
@@ -348,15 +357,27 @@ impl<'scope> DeviceScope<'scope, '_> {
         output: Option<CudaViewMut<'scope, T>>,
         ready: &mut ReadyEvents,
     ) -> Result<Item<T>, Error> {
-        let caller = output
+        let streams: Vec<Arc<CudaStream>> = output
             .as_ref()
             .map(|v| Arc::clone(v.stream()))
-            .or_else(|| input.as_ref().map(|v| Arc::clone(v.stream())))
+            .into_iter()
+            .chain(input.as_ref().map(|v| Arc::clone(v.stream())))
+            .collect();
+        let caller = streams
+            .first()
+            .cloned()
             .ok_or_else(|| internal(&request.tensor_name, "a device op without a buffer"))?;
-        let event = ready.on(&caller).map_err(|e| Error::Collective {
-            tensor: request.tensor_name.clone(),
-            message: format!("recording the ready event on the caller's stream: {e:?}"),
-        })?;
+        // The engine waits for every stream the tensor's buffers belong to.
+        let mut events = Vec::with_capacity(streams.len());
+        for stream in &streams {
+            let event = ready.on(stream).map_err(|e| Error::Collective {
+                tensor: request.tensor_name.clone(),
+                message: format!("recording the ready event on the caller's stream: {e:?}"),
+            })?;
+            if !events.iter().any(|e| Arc::ptr_eq(e, &event)) {
+                events.push(event);
+            }
+        }
         // SAFETY: only the lifetime changes. The views are used by the
         // engine until it drops these `DeviceArgs`, which releases the
         // lease taken here; `Kolo::device_scope` does not return before
@@ -376,7 +397,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             args: DeviceArgs {
                 input,
                 output,
-                ready: event,
+                ready: events,
                 _lease: self.leases.lease(),
             },
             caller,

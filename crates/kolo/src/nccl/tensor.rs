@@ -110,9 +110,10 @@ pub(crate) struct DeviceArgs<T: 'static> {
     /// The buffer written: in place (allreduce, broadcast) or the output
     /// (reduce-scatter).
     pub output: Option<CudaViewMut<'static, T>>,
-    /// Recorded on the caller's stream at submission; the engine's stream
-    /// waits for it on the GPU before touching the memory.
-    pub ready: Arc<CudaEvent>,
+    /// Recorded on the streams of the tensor's buffers at submission; the
+    /// engine's stream waits for them on the GPU before touching the
+    /// memory.
+    pub ready: Vec<Arc<CudaEvent>>,
     /// Released (dropped) when the engine no longer refers to the memory.
     pub _lease: Lease,
 }

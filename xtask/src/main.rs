@@ -6,8 +6,9 @@
 //!   facade's default build (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
-//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks and kolo-bench, built into
-//!   `gpu-dist/` with a `run.sh`; run here when a GPU is present.
+//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks
+//!   and kolo-bench, built into `gpu-dist/` with a `run.sh` and a
+//!   `run-engine.sh`; run here when a GPU is present.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -96,9 +97,11 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
     cargo(root, &args)
 }
 
-/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl, kolo-pipeline) and
-/// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
-/// kolo-nccl's `run-gpu.sh` as `run.sh`; runs it when `nvidia-smi` works
+/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl,
+/// kolo-pipeline, kolo's GPU engine checks) and kolo-bench in release mode
+/// into `gpu-dist/` (debuginfo stripped) with kolo-nccl's `run-gpu.sh` as
+/// `run.sh` and kolo's `run-gpu-engine.sh` as `run-engine.sh`; runs them
+/// when `nvidia-smi` works
 /// here, otherwise says how to run the folder on a GPU host.
 fn test_gpu(root: &Path) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -149,6 +152,24 @@ fn test_gpu(root: &Path) -> Result<()> {
     if wanted.len() != gpu_tests.len() {
         bail!("expected the {gpu_tests:?} test executables, found {wanted:?}");
     }
+    // The GPU engine's checks (kolo with the `nccl` feature).
+    let engine = build(&[
+        "test",
+        "--release",
+        "-p",
+        "kolo",
+        "--features",
+        "nccl",
+        "--test",
+        "gpu_engine",
+        "--no-run",
+        "--message-format=json",
+    ])?;
+    wanted.extend(
+        artifacts(&engine)
+            .into_iter()
+            .filter(|(name, _)| name == "gpu_engine"),
+    );
     match build(&[
         "build",
         "--release",
@@ -180,11 +201,16 @@ fn test_gpu(root: &Path) -> Result<()> {
     let script = dist.join("run.sh");
     std::fs::copy(root.join("crates/kolo-nccl/run-gpu.sh"), &script)
         .context("copying run-gpu.sh")?;
+    let engine_script = dist.join("run-engine.sh");
+    std::fs::copy(root.join("crates/kolo/run-gpu-engine.sh"), &engine_script)
+        .context("copying run-gpu-engine.sh")?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
-            .context("chmod run.sh")?;
+        for file in [&script, &engine_script] {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
+                .context("chmod run.sh")?;
+        }
     }
     eprintln!(
         "xtask: {} ({} MiB): {}",
@@ -209,7 +235,7 @@ fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh    # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());
@@ -221,6 +247,14 @@ fn test_gpu(root: &Path) -> Result<()> {
         .context("running gpu-dist/run.sh")?;
     if !status.success() {
         bail!("gpu-dist/run.sh failed ({status})");
+    }
+    let status = Command::new("bash")
+        .arg(&engine_script)
+        .current_dir(&dist)
+        .status()
+        .context("running gpu-dist/run-engine.sh")?;
+    if !status.success() {
+        bail!("gpu-dist/run-engine.sh failed ({status})");
     }
     Ok(())
 }

@@ -24,7 +24,24 @@
 //! Under MPI a rank whose training panics or fails calls `Kolo::abort`,
 //! which ends the whole job with `MPI_Abort` and a message naming the rank,
 //! instead of leaving its peers waiting for its gradients.
+//!
+//! On GPUs (`--backend nccl`, one thread per GPU, the `nccl` feature) the
+//! gradients, computed as above, are uploaded into persistent device
+//! buffers, reduced with one grouped device allreduce (the engine fuses
+//! them in its device fusion buffer and NCCL averages them on the GPUs),
+//! and downloaded and applied:
+//!
+//! ```text
+//! cargo run --release -p kolo --features nccl --example train -- --backend nccl --ranks 2
+//! ```
 
+#[cfg(feature = "nccl")]
+#[path = "train/gpu.rs"]
+mod gpu;
+#[path = "train/grads.rs"]
+mod grads;
+
+use grads::{GradReducer, HostReducer};
 use kolo::{BackendKind, Kolo, ReduceOp};
 use std::time::Instant;
 
@@ -191,7 +208,11 @@ fn shard(rank: usize, teacher: &Mlp) -> Vec<(Vec<f32>, f32)> {
 }
 
 /// One rank's training run; returns its final parameters.
-fn train(kolo: &Kolo, epochs: usize) -> Result<Vec<Vec<f32>>, kolo::Error> {
+fn train(
+    kolo: &Kolo,
+    epochs: usize,
+    reducer: &mut dyn GradReducer,
+) -> Result<Vec<Vec<f32>>, kolo::Error> {
     let rank = kolo.rank();
     let teacher = Mlp::new(7, 2.0);
     let data = shard(rank, &teacher);
@@ -215,18 +236,7 @@ fn train(kolo: &Kolo, epochs: usize) -> Result<Vec<Vec<f32>>, kolo::Error> {
             for batch in data.chunks(BATCH) {
                 let mut grads = model.gradients(batch);
                 let names: Vec<String> = model.tensors_mut().into_iter().map(|(n, _)| n).collect();
-                // Async, last layer first (the order backprop produces them).
-                let handles = names
-                    .iter()
-                    .zip(grads.iter_mut())
-                    .rev()
-                    .map(|(name, grad)| {
-                        kolo.allreduce_async(&format!("grad/{name}"), grad, ReduceOp::Average)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                for handle in handles {
-                    handle.wait()?;
-                }
+                reducer.average(kolo, &names, &mut grads)?;
                 for ((_, param), grad) in model.tensors_mut().into_iter().zip(&grads) {
                     for (p, g) in param.iter_mut().zip(grad) {
                         *p -= LEARNING_RATE * g;
@@ -287,18 +297,22 @@ fn train(kolo: &Kolo, epochs: usize) -> Result<Vec<Vec<f32>>, kolo::Error> {
 struct Args {
     /// `--backend`, else `KOLO_BACKEND`, else threads.
     backend: Option<BackendKind>,
-    /// Thread ranks (threads backend; under MPI, `mpirun -np` decides).
-    ranks: usize,
+    /// `--backend nccl`: one thread per GPU, device gradients.
+    nccl: bool,
+    /// Thread ranks (threads backend: default 4; nccl: GPUs, default 2;
+    /// under MPI, `mpirun -np` decides).
+    ranks: Option<usize>,
     epochs: usize,
 }
 
-const USAGE: &str = "usage: train [--backend threads|mpi] [--ranks N] [--epochs E]";
+const USAGE: &str = "usage: train [--backend threads|mpi|nccl] [--ranks N] [--epochs E]";
 
 /// `--backend B --ranks N --epochs E`.
 fn parse_args() -> Result<Args, String> {
     let mut parsed = Args {
         backend: None,
-        ranks: 4,
+        nccl: false,
+        ranks: None,
         epochs: 8,
     };
     let mut args = std::env::args().skip(1);
@@ -309,11 +323,16 @@ fn parse_args() -> Result<Args, String> {
                 .map_err(|_| format!("{name}: {v:?} is not a number"))
         };
         match flag.as_str() {
-            "--backend" => {
-                let v = value("--backend")?;
-                parsed.backend = Some(v.parse().map_err(|e| format!("--backend {v:?}: {e}"))?)
-            }
-            "--ranks" => parsed.ranks = number("--ranks", value("--ranks")?)?,
+            "--backend" => match value("--backend")?.as_str() {
+                "nccl" => parsed.nccl = true,
+                v => {
+                    parsed.backend = Some(
+                        v.parse()
+                            .map_err(|e| format!("--backend {v:?}: {e} or nccl"))?,
+                    )
+                }
+            },
+            "--ranks" => parsed.ranks = Some(number("--ranks", value("--ranks")?)?),
             "--epochs" => parsed.epochs = number("--epochs", value("--epochs")?)?,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown flag {other:?}; {USAGE}")),
@@ -336,9 +355,60 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let config = kolo::Config::from_env()?;
     kolo::init_logging(config.log_level);
+    if args.nccl {
+        return run_nccl(config, args.ranks.unwrap_or(2), args.epochs);
+    }
     match args.backend.unwrap_or(config.backend) {
-        BackendKind::Threads => run_threads(config, args.ranks, args.epochs),
+        BackendKind::Threads => run_threads(config, args.ranks.unwrap_or(4), args.epochs),
         BackendKind::Mpi => run_mpi(config, args.epochs),
+    }
+}
+
+/// Every rank a thread of this process on its own GPU, gradients reduced
+/// on the devices.
+#[cfg(feature = "nccl")]
+fn run_nccl(
+    config: kolo::Config,
+    gpus: usize,
+    epochs: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let params = kolo::nccl::run(gpus, config, |kolo| {
+        let mut reducer = gpu::DeviceReducer::new(kolo)?;
+        train(kolo, epochs, &mut reducer)
+    })?;
+    check_identical(&params)?;
+    println!(
+        "all {gpus} GPU ranks hold bitwise identical parameters; {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn run_nccl(
+    _config: kolo::Config,
+    _gpus: usize,
+    _epochs: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Err("this example was built without NCCL; build it with \
+         `cargo run --release -p kolo --features nccl --example train -- --backend nccl`"
+        .into())
+}
+
+/// Fails unless every rank's parameters are bitwise identical.
+fn check_identical(params: &[Vec<Vec<f32>>]) -> Result<(), Box<dyn std::error::Error>> {
+    let identical = params.iter().all(|p| {
+        p.iter().zip(&params[0]).all(|(a, b)| {
+            a.iter()
+                .map(|v| v.to_bits())
+                .eq(b.iter().map(|v| v.to_bits()))
+        })
+    });
+    if identical {
+        Ok(())
+    } else {
+        Err("the ranks ended with different parameters".into())
     }
 }
 
@@ -352,17 +422,8 @@ fn run_threads(
         println!("writing the timeline to {}", path.display());
     }
     let start = Instant::now();
-    let params = kolo::threads::run(ranks, config, |kolo| train(kolo, epochs))?;
-    let identical = params.iter().all(|p| {
-        p.iter().zip(&params[0]).all(|(a, b)| {
-            a.iter()
-                .map(|v| v.to_bits())
-                .eq(b.iter().map(|v| v.to_bits()))
-        })
-    });
-    if !identical {
-        return Err("the ranks ended with different parameters".into());
-    }
+    let params = kolo::threads::run(ranks, config, |kolo| train(kolo, epochs, &mut HostReducer))?;
+    check_identical(&params)?;
     println!(
         "all {ranks} ranks hold bitwise identical parameters; {:.2} s",
         start.elapsed().as_secs_f64()
@@ -384,7 +445,7 @@ fn run_mpi(config: kolo::Config, epochs: usize) -> Result<(), Box<dyn std::error
         println!("writing the timeline to {}", path.display());
     }
     let start = Instant::now();
-    let why = match catch_unwind(AssertUnwindSafe(|| train(&kolo, epochs))) {
+    let why = match catch_unwind(AssertUnwindSafe(|| train(&kolo, epochs, &mut HostReducer))) {
         // `train` checked that every rank's parameters are identical.
         Ok(Ok(_params)) => {
             kolo.shutdown()?;

@@ -6,6 +6,7 @@
 //! time, so that peers' collectives complete and the stall inspector runs.
 
 use crate::config::Config;
+use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
@@ -46,6 +47,8 @@ pub(crate) struct Engine<B> {
     commands: Receiver<Command>,
     abort: Option<AbortHook<B>>,
     shutdown_requested: bool,
+    /// The GPU data plane, serving responses on device tensors.
+    pub(crate) device: Option<Box<dyn DevicePlane>>,
 }
 
 /// Closes the tensor table if the background thread unwinds, so that no
@@ -100,6 +103,7 @@ impl<B: Backend> Engine<B> {
             commands,
             abort: Some(Box::new(abort)),
             shutdown_requested: false,
+            device: None,
         }
     }
 
@@ -253,6 +257,10 @@ impl<B: Backend> Engine<B> {
             self.shared.stats.lock().record_operation(names.len());
         }
         tracing::trace!(rank = self.rank, %kind, tensors = ?names, "performing");
+        if crate::device::on_device(&response) {
+            self.perform_device(kind, &response, slots);
+            return;
+        }
         let r = &response;
         match kind {
             RequestKind::Allreduce => {

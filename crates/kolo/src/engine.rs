@@ -5,6 +5,7 @@
 
 use crate::background::{self, Command};
 use crate::config::Config;
+use crate::device::DevicePlane;
 use crate::error::Error;
 use crate::handle::{Completion, Payload};
 use crate::stats::Stats;
@@ -17,6 +18,10 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+/// What the engine thread reports once its backend is up: rank, size and
+/// the GPU of its device plane.
+type Topology = (usize, usize, Option<usize>);
 
 /// State shared by the user's threads and the background thread.
 #[derive(Default)]
@@ -34,6 +39,8 @@ pub(crate) struct Shared {
 pub struct Kolo {
     rank: usize,
     size: usize,
+    /// The GPU of the engine's device data plane, if it has one.
+    gpu: Option<usize>,
     config: Config,
     shared: Arc<Shared>,
     commands: Sender<Command>,
@@ -75,22 +82,34 @@ impl Kolo {
         M: FnOnce() -> Result<B, Error> + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
+        Kolo::start_engine(move || make().map(|b| (b, None)), config, abort)
+    }
+
+    /// [`Kolo::start_on_thread`] with an optional device data plane, made
+    /// on the engine's thread with the backend (the GPU engines).
+    pub(crate) fn start_engine<B, M, F>(make: M, config: Config, abort: F) -> Result<Kolo, Error>
+    where
+        B: Backend + 'static,
+        M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(usize, usize), Error>>(1);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Topology, Error>>(1);
         let engine_config = config.clone();
         let engine_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("kolo-engine".into())
             .spawn(move || {
-                let backend = match make() {
-                    Ok(backend) => backend,
+                let (backend, plane) = match make() {
+                    Ok(made) => made,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };
                 let (rank, size) = (backend.rank(), backend.size());
+                let gpu = plane.as_ref().map(|p| p.ordinal());
                 let timeline = match (&engine_config.timeline, rank) {
                     (Some(path), 0) => {
                         match Timeline::create(path, engine_config.timeline_mark_cycles) {
@@ -113,14 +132,15 @@ impl Kolo {
                     engine_shared,
                     receiver,
                     abort,
-                );
-                let _ = ready_tx.send(Ok((rank, size)));
+                )
+                .with_device(plane);
+                let _ = ready_tx.send(Ok((rank, size, gpu)));
                 engine.run()
             })
             .map_err(|e| Error::Start {
                 message: format!("cannot spawn the engine's background thread: {e}"),
             })?;
-        let (rank, size) = match ready_rx.recv() {
+        let (rank, size, gpu) = match ready_rx.recv() {
             Ok(Ok(topology)) => topology,
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -134,10 +154,11 @@ impl Kolo {
                 });
             }
         };
-        tracing::debug!(rank, size, ?config, "kolo engine started");
+        tracing::debug!(rank, size, ?gpu, ?config, "kolo engine started");
         Ok(Kolo {
             rank,
             size,
+            gpu,
             config,
             shared,
             commands,
@@ -155,6 +176,13 @@ impl Kolo {
     /// The number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The CUDA device whose tensors this engine reduces on the GPU
+    /// (engines started by `kolo::nccl::run` or `Kolo::init_nccl_mpi`);
+    /// `None` for host-only engines.
+    pub fn gpu(&self) -> Option<usize> {
+        self.gpu
     }
 
     /// The settings the engine runs with.

@@ -35,12 +35,15 @@
 
 mod background;
 pub mod config;
+mod device;
 mod engine;
 mod error;
 mod handle;
 mod logging;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod ops;
 mod perform;
 mod split;

@@ -34,6 +34,31 @@ where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
 {
+    run_ranks(ranks, &config, start_on_threads, f)
+}
+
+/// Starts one rank's engine on kolo-threads' backend.
+fn start_on_threads(comm: ThreadComm, config: &Config) -> Result<Kolo, Error> {
+    Kolo::start_with_abort(
+        comm,
+        config.clone(),
+        |comm: &mut ThreadComm, message: &str| comm.fail(message),
+    )
+}
+
+/// [`run`] with the engines started by `start` from each rank's
+/// kolo-threads communicator (the GPU engines start theirs with NCCL).
+pub(crate) fn run_ranks<R, F, S>(
+    ranks: usize,
+    config: &Config,
+    start: S,
+    f: F,
+) -> Result<Vec<R>, Error>
+where
+    R: Send,
+    F: Fn(&Kolo) -> Result<R, Error> + Sync,
+    S: Fn(ThreadComm, &Config) -> Result<Kolo, Error> + Sync,
+{
     let comms = kolo_threads::communicators(ranks).map_err(|e| Error::Start {
         message: format!("cannot create {ranks} thread ranks: {e}"),
     })?;
@@ -46,11 +71,11 @@ where
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (f, config, failures, clock) = (&f, &config, &failures, &clock);
+                let (f, start, failures, clock) = (&f, &start, &failures, &clock);
                 std::thread::Builder::new()
                     .name(format!("kolo-user-{rank}"))
                     .spawn_scoped(scope, move || {
-                        match run_rank(rank, comm, config, f, clock) {
+                        match run_rank(rank, start(comm, config), f, clock) {
                             Ok(result) => Some(result),
                             Err(failure) => {
                                 failures.lock().push(failure);
@@ -96,22 +121,16 @@ where
         .collect()
 }
 
-/// One rank: start the engine, run `f`, abort on failure, shut down. A
+/// One rank: take the started engine, run `f`, abort on failure, shut down. A
 /// failure comes with its stamp from `clock`.
 fn run_rank<R>(
     rank: usize,
-    comm: ThreadComm,
-    config: &Config,
+    started: Result<Kolo, Error>,
     f: &(impl Fn(&Kolo) -> Result<R, Error> + Sync),
     clock: &AtomicU64,
 ) -> Result<R, (u64, Error)> {
     let stamp = || clock.fetch_add(1, Ordering::SeqCst);
-    let kolo = Kolo::start_with_abort(
-        comm,
-        config.clone(),
-        |comm: &mut ThreadComm, message: &str| comm.fail(message),
-    )
-    .map_err(|e| (stamp(), e))?;
+    let kolo = started.map_err(|e| (stamp(), e))?;
     let outcome = match catch_unwind(AssertUnwindSafe(|| f(&kolo))) {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(error)) => {

@@ -6,6 +6,7 @@
 //! identity (allreduce, reduce-scatter), zero rows (allgather, alltoall) or
 //! a placeholder to receive into (broadcast), and its result is dropped.
 
+mod device;
 mod gather;
 mod reduce;
 

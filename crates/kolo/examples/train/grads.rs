@@ -1,0 +1,42 @@
+//! How the train example's ranks average their gradients: on the host
+//! (async allreduces) or, with the `nccl` feature, on the GPUs (`gpu.rs`).
+
+use kolo::{Kolo, ReduceOp};
+
+/// How a rank averages its gradients with the other ranks.
+pub trait GradReducer {
+    /// Replaces every gradient (named `grad/<names[i]>`) by its average
+    /// over the ranks.
+    fn average(
+        &mut self,
+        kolo: &Kolo,
+        names: &[String],
+        grads: &mut [Vec<f32>],
+    ) -> Result<(), kolo::Error>;
+}
+
+/// Host gradients: one async allreduce per tensor, last layer first (the
+/// order backprop produces them); the engine fuses them.
+pub struct HostReducer;
+
+impl GradReducer for HostReducer {
+    fn average(
+        &mut self,
+        kolo: &Kolo,
+        names: &[String],
+        grads: &mut [Vec<f32>],
+    ) -> Result<(), kolo::Error> {
+        let handles = names
+            .iter()
+            .zip(grads.iter_mut())
+            .rev()
+            .map(|(name, grad)| {
+                kolo.allreduce_async(&format!("grad/{name}"), grad, ReduceOp::Average)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for handle in handles {
+            handle.wait()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs kolo's GPU engine checks (the `gpu_engine` test binary that
+# `cargo xtask test-gpu` puts in gpu-dist/) on 1 and 2 GPUs, thread per GPU.
+# Logs go to ${OUT:-./gpu-out}; the exit status is 0 only if every run
+# passed (or was skipped for lack of GPUs).
+#
+#   bash run-engine.sh          # the checks
+#   BENCH=1 bash run-engine.sh  # plus `engine-step:` / `engine-small:` lines
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT="${OUT:-./gpu-out}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+
+# libnccl.so.2 may live inside a pip wheel (PyTorch's NCCL): find it there.
+if [ -z "${KOLO_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  for py in python3 python; do
+    dir=$("$py" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null) || continue
+    if [ -e "$dir/libnccl.so.2" ]; then
+      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "using NCCL from $dir"
+      break
+    fi
+  done
+fi
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+status=0
+run() {
+  local name=$1
+  shift
+  echo "== $name: $*"
+  timeout 600 "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E 'FAIL|skipped|passed|^engine-' "$OUT/$name.log" | tail -n 80
+  echo "== $name: exit $rc (log: $OUT/$name.log)"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+run engine-1gpu ./gpu_engine --gpus 1
+run engine-2gpu ./gpu_engine --gpus 2
+if [ "${BENCH:-0}" = 1 ]; then
+  run engine-bench ./gpu_engine --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench
+fi
+if [ "$status" -ne 0 ]; then
+  echo "SOME GPU ENGINE CHECKS FAILED (logs in $OUT)"
+else
+  echo "ALL GPU ENGINE CHECKS PASSED (logs in $OUT)"
+fi
+exit "$status"

@@ -1,0 +1,58 @@
+//! The GPU engine (the `nccl` feature): device tensors — cudarc's
+//! [`CudaSlice`](cudarc::driver::CudaSlice) and views — negotiated,
+//! validated and fused like host tensors, and reduced by NCCL on the
+//! device, with no copy to the host.
+//!
+//! [`run`] starts one engine per GPU as threads of this process: the
+//! engine thread of rank r owns GPU r's [`NcclComm`](kolo_nccl::NcclComm),
+//! bootstrapped over kolo-threads (the communicator is not shared between
+//! threads: it is created and used on the engine thread). With the `mpi`
+//! feature too, `Kolo::init_nccl_mpi` starts one process per GPU under
+//! `mpirun`. Negotiation runs on the controller (kolo-threads or MPI), and
+//! so do host tensors on these engines: they keep using the controller's
+//! host collectives, while device tensors go to NCCL.
+//!
+//! Device collectives are submitted blocking ([`Kolo::allreduce_device`],
+//! ...) or asynchronously inside a [`Kolo::device_scope`]. At submission
+//! an event is recorded on the tensor's stream; the engine's NCCL stream
+//! waits for it on the GPU (never a CPU sync), performs the agreed
+//! operation — ready allreduces of one dtype / op fused through a
+//! persistent device fusion buffer — and records a done event. The handle
+//! completes when the GPU work has completed, and its `wait` makes the
+//! tensor's stream wait for the done event.
+//!
+//! ```no_run
+//! use kolo::nccl::cudarc::driver::CudaSlice;
+//! let sums = kolo::nccl::run(2, kolo::Config::default(), |kolo| {
+//!     let gpu = kolo.gpu().expect("a GPU engine");
+//!     let stream = kolo::nccl::cudarc::driver::CudaContext::new(gpu)
+//!         .and_then(|ctx| Ok(ctx.default_stream()))
+//!         .map_err(|e| kolo::Error::Start { message: format!("{e:?}") })?;
+//!     let mut grad: CudaSlice<f32> = stream
+//!         .clone_htod(&[kolo.rank() as f32 + 1.0; 4])
+//!         .map_err(|e| kolo::Error::Start { message: format!("{e:?}") })?;
+//!     kolo.allreduce_device("grad", &mut grad, kolo::ReduceOp::Sum)?;
+//!     stream
+//!         .clone_dtoh(&grad)
+//!         .map_err(|e| kolo::Error::Start { message: format!("{e:?}") })
+//! })?;
+//! assert_eq!(sums, vec![vec![3.0f32; 4]; 2]);
+//! # Ok::<(), kolo::Error>(())
+//! ```
+
+mod collectives;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod plane;
+mod scope;
+mod start;
+mod tensor;
+
+pub use cudarc;
+pub use kolo_nccl::{DeviceElement, NcclOptions};
+pub use plane::{
+    NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
+};
+pub use scope::DeviceScope;
+pub use start::{run, run_with};
+pub use tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};

@@ -1,0 +1,260 @@
+//! The NCCL device plane: lives on the engine's thread with the rank's
+//! [`NcclComm`], performs device responses on its stream and completes
+//! their handles from kolo-nccl's completion thread once the GPU is done.
+//!
+//! Per response: the stream waits (on the GPU) for the submitters' ready
+//! events; the collective is enqueued (fused allreduces through the
+//! persistent [`DeviceFusionBuffer`]: pack, one allreduce, unpack); a done
+//! event is recorded; and the response's [`Work`](kolo_nccl::Work)
+//! completes every tensor's handle and releases the caller's memory.
+
+use super::collectives::Outputs;
+use super::tensor::{DeviceArgs, DeviceDone};
+use crate::device::DevicePlane;
+use crate::error::Error;
+use crate::handle::{Completion, Payload};
+use crate::table::Entry;
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+use cudarc::driver::CudaEvent;
+use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
+use kolo_protocol::{RequestKind, Response};
+use kolo_timeline::Timeline;
+use kolo_transport::{with_element_type, Topology};
+use std::sync::Arc;
+
+/// Timeline activity of the NCCL allreduce (Horovod's name).
+pub const NCCL_ALLREDUCE: &str = "NCCL_ALLREDUCE";
+/// Timeline activity of the NCCL allgather.
+pub const NCCL_ALLGATHER: &str = "NCCL_ALLGATHER";
+/// Timeline activity of the NCCL broadcast.
+pub const NCCL_BROADCAST: &str = "NCCL_BROADCAST";
+/// Timeline activity of the NCCL reduce-scatter.
+pub const NCCL_REDUCESCATTER: &str = "NCCL_REDUCESCATTER";
+/// Timeline activity of the NCCL alltoall (grouped sends and receives).
+pub const NCCL_ALLTOALL: &str = "NCCL_ALLTOALL";
+
+/// One rank's NCCL communicator and device fusion buffer.
+pub(crate) struct NcclPlane {
+    pub(super) comm: NcclComm,
+    pub(super) fusion: Option<DeviceFusionBuffer>,
+}
+
+/// One tensor of a response on this rank.
+pub(super) struct Part<T: 'static> {
+    pub name: String,
+    /// This rank's handle on the tensor (none where it joined).
+    pub completion: Option<Arc<Completion>>,
+    /// The caller's memory (none where this rank joined).
+    pub args: Option<DeviceArgs<T>>,
+    /// The shape as this rank submitted it (empty where it joined).
+    pub shape: Vec<u64>,
+}
+
+impl<T: 'static> Drop for Part<T> {
+    /// A part dropped before its handle completed (its work was dropped
+    /// unrun, or the engine unwound) fails the handle instead of leaving
+    /// it waiting; a completed handle keeps its result.
+    fn drop(&mut self) {
+        if let Some(completion) = self.completion.take() {
+            completion.complete(Err(Error::Collective {
+                tensor: self.name.clone(),
+                message: "the engine dropped the device operation before it completed".into(),
+            }));
+        }
+    }
+}
+
+impl NcclPlane {
+    /// The plane of `comm` (its fusion buffer is allocated on first use).
+    pub(crate) fn new(comm: NcclComm) -> Self {
+        NcclPlane { comm, fusion: None }
+    }
+
+    fn perform_as<T: DeviceElement>(
+        &mut self,
+        kind: RequestKind,
+        response: &Response,
+        slots: Vec<Option<Entry>>,
+        timeline: &Timeline,
+    ) {
+        let mut parts: Vec<Part<T>> = response
+            .tensor_names
+            .iter()
+            .zip(slots)
+            .map(|(name, slot)| part(name, slot))
+            .collect();
+        let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
+        let enqueued = self.wait_ready(&parts).and_then(|()| match kind {
+            RequestKind::Allreduce => self.allreduce(response, &mut parts, timeline, &names),
+            RequestKind::Broadcast => self.broadcast(response, &mut parts, timeline),
+            RequestKind::ReduceScatter => self.reduce_scatter(response, &mut parts, timeline),
+            RequestKind::Allgather => self.allgather(response, &mut parts, timeline),
+            RequestKind::Alltoall => self.alltoall(response, &mut parts, timeline),
+            other => Err(NcclError::InvalidArgument(format!(
+                "{other} is not offered on device tensors"
+            ))),
+        });
+        match enqueued {
+            Ok(outputs) => self.settle(response, parts, outputs, timeline),
+            Err(e) => self.fail(parts, &e, response, timeline),
+        }
+    }
+
+    /// The stream waits, on the GPU, for every submitter's ready event.
+    fn wait_ready<T>(&self, parts: &[Part<T>]) -> Result<(), NcclError> {
+        let mut waited: Vec<*const CudaEvent> = Vec::new();
+        for ready in parts
+            .iter()
+            .filter_map(|p| p.args.as_ref())
+            .flat_map(|a| &a.ready)
+        {
+            let event = Arc::as_ptr(ready);
+            if !waited.contains(&event) {
+                self.comm.wait_event(ready)?;
+                waited.push(event);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the done event and completes every tensor with the work of
+    /// this response (and everything before it on the stream).
+    fn settle<T: DeviceElement>(
+        &mut self,
+        response: &Response,
+        parts: Vec<Part<T>>,
+        outputs: Outputs,
+        timeline: &Timeline,
+    ) {
+        let done = self
+            .comm
+            .stream()
+            .record_event(Some(CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| NcclError::Cuda {
+                call: "cuEventRecord",
+                message: format!("{e:?}"),
+            });
+        let work = done.and_then(|done| Ok((Arc::new(done), self.comm.flush()?)));
+        let (done, work) = match work {
+            Ok(ready) => ready,
+            Err(e) => return self.fail(parts, &e, response, timeline),
+        };
+        let mut outputs = outputs.into_iter();
+        let mut finished = Vec::with_capacity(parts.len());
+        for part in parts {
+            let output = outputs.next().flatten();
+            let shape = output.as_ref().map_or(&part.shape, |(_, s)| s);
+            timeline.op_end(&part.name, response.dtype.name(), shape);
+            finished.push((part, output.map(|(buf, _)| buf)));
+        }
+        work.on_complete(move |outcome| {
+            for (part, output) in finished {
+                let Some(completion) = &part.completion else {
+                    continue;
+                };
+                let result = match &outcome {
+                    Ok(()) => Ok(Box::new(DeviceDone {
+                        done: Arc::clone(&done),
+                        output,
+                    }) as Payload),
+                    Err(e) => Err(collective(&part.name, e)),
+                };
+                completion.complete(result);
+                // `part` drops here: its lease tells the caller's scope that
+                // the engine is done with the memory.
+            }
+        });
+    }
+
+    /// Fails every tensor with `error`; the caller's memory is released
+    /// once whatever was enqueued before the failure has run.
+    fn fail<T: DeviceElement>(
+        &mut self,
+        parts: Vec<Part<T>>,
+        error: &NcclError,
+        response: &Response,
+        timeline: &Timeline,
+    ) {
+        for part in &parts {
+            timeline.op_end(&part.name, response.dtype.name(), &[]);
+            if let Some(completion) = &part.completion {
+                completion.complete(Err(collective(&part.name, error)));
+            }
+        }
+        match self.comm.flush() {
+            Ok(work) => work.on_complete(move |_| drop(parts)),
+            Err(_) => drop(parts),
+        }
+    }
+}
+
+impl DevicePlane for NcclPlane {
+    fn ordinal(&self) -> usize {
+        self.comm.device().ordinal()
+    }
+
+    fn perform(
+        &mut self,
+        kind: RequestKind,
+        response: &Response,
+        slots: Vec<Option<Entry>>,
+        timeline: &Timeline,
+    ) {
+        with_element_type!(response.dtype, T => self.perform_as::<T>(kind, response, slots, timeline))
+    }
+}
+
+/// Takes `name`'s entry apart; an input of another type than the
+/// response's (a kolo bug) fails the entry, and this rank takes part with
+/// a placeholder.
+fn part<T: DeviceElement>(name: &str, slot: Option<Entry>) -> Part<T> {
+    let Some(entry) = slot else {
+        return Part {
+            name: name.to_owned(),
+            completion: None,
+            args: None,
+            shape: Vec::new(),
+        };
+    };
+    let Entry {
+        request,
+        input,
+        completion,
+    } = entry;
+    match input.downcast::<DeviceArgs<T>>() {
+        Ok(args) => Part {
+            name: name.to_owned(),
+            completion: Some(completion),
+            args: Some(*args),
+            shape: request.shape,
+        },
+        Err(_) => {
+            completion.complete(Err(Error::Collective {
+                tensor: name.to_owned(),
+                message: format!(
+                    "internal: the input is not a device tensor of the agreed type {}",
+                    T::DTYPE
+                ),
+            }));
+            Part {
+                name: name.to_owned(),
+                completion: None,
+                args: None,
+                shape: Vec::new(),
+            }
+        }
+    }
+}
+
+/// An NCCL failure of `tensor`'s collective.
+fn collective(tensor: &str, error: &NcclError) -> Error {
+    Error::Collective {
+        tensor: tensor.to_owned(),
+        message: error.to_string(),
+    }
+}
+
+/// The rank of this plane's communicator and the number of ranks.
+pub(super) fn topology(comm: &NcclComm) -> (usize, usize) {
+    (comm.rank(), comm.size())
+}

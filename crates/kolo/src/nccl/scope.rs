@@ -1,0 +1,466 @@
+//! Device collectives as the caller submits them: inside a
+//! [`DeviceScope`] (async, like `std::thread::scope`), or blocking on
+//! [`Kolo`] itself.
+//!
+//! The engine works on the caller's device memory directly, with no copy
+//! to the host. Safe Rust cannot rely on a handle being dropped (it may be
+//! leaked), so the borrow is tied to a scope instead: [`Kolo::device_scope`]
+//! returns only once the engine is done with every tensor submitted in it,
+//! whatever became of the handles.
+
+use super::tensor::{
+    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, Leases, ReadyEvents,
+};
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::handle::{Handle, Payload};
+use crate::ops::ReduceOptions;
+use crate::split::split_rows;
+use crate::tensor::{shape_problem, wire_shape};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
+use kolo_nccl::DeviceElement;
+use kolo_protocol::{Device, Request, RequestKind};
+use std::any::Any;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// A scope for asynchronous device collectives (see
+/// [`Kolo::device_scope`]): tensors borrowed for `'scope` may be submitted,
+/// and the scope does not end before the engine is done with all of them.
+pub struct DeviceScope<'scope, 'env: 'scope> {
+    kolo: &'env Kolo,
+    leases: Arc<Leases>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl std::fmt::Debug for DeviceScope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceScope")
+            .field("rank", &self.kolo.rank())
+            .finish()
+    }
+}
+
+/// One tensor ready to be submitted.
+struct Item<T: 'static> {
+    request: Request,
+    args: DeviceArgs<T>,
+    caller: Arc<CudaStream>,
+}
+
+impl Kolo {
+    /// Runs `f` with a scope in which device collectives are submitted
+    /// without blocking (`scope.allreduce_async(...)` returns a [`Handle`]);
+    /// returns `f`'s result once the engine is done with every tensor
+    /// submitted in the scope (a panic in `f` is resumed after that).
+    ///
+    /// Needs a GPU engine ([`crate::nccl::run`], `Kolo::init_nccl_mpi`);
+    /// the tensors must live on its device ([`Kolo::gpu`]).
+    pub fn device_scope<'env, R>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope DeviceScope<'scope, 'env>) -> R,
+    ) -> R {
+        let scope = DeviceScope {
+            kolo: self,
+            leases: Arc::new(Leases::default()),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| f(&scope)));
+        scope.leases.wait_all();
+        outcome.unwrap_or_else(|panic| resume_unwind(panic))
+    }
+
+    /// Reduces the device tensor `buf` across all ranks, in place
+    /// (blocking; see [`DeviceScope::allreduce_async`]).
+    pub fn allreduce_device<'t, T: DeviceElement>(
+        &self,
+        name: &str,
+        buf: impl Into<DeviceTensorMut<'t, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        let (buf, options) = (buf.into(), options.into());
+        self.device_scope(|s| s.allreduce_async(name, buf, options)?.wait())
+    }
+
+    /// Allreduces several device tensors submitted together (blocking):
+    /// they fuse in the engine's device fusion buffer as far as the fusion
+    /// threshold allows.
+    pub fn grouped_allreduce_device<T: DeviceElement>(
+        &self,
+        tensors: &mut [(&str, &mut CudaSlice<T>)],
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        let options = options.into();
+        self.device_scope(|s| {
+            let views = tensors
+                .iter_mut()
+                .map(|(name, buf)| (*name, DeviceTensorMut::from(&mut **buf)));
+            s.grouped_allreduce_async(views, options)?.wait()
+        })
+    }
+
+    /// Gathers every rank's device tensor along the first dimension, in
+    /// rank order, into a new device buffer on the engine's stream
+    /// (blocking; see [`DeviceScope::allgather_async`]).
+    pub fn allgather_device<'t, T: DeviceElement>(
+        &self,
+        name: &str,
+        input: impl Into<DeviceTensor<'t, T>>,
+    ) -> Result<CudaSlice<T>, Error> {
+        let input = input.into();
+        self.device_scope(|s| s.allgather_async(name, input)?.wait())
+    }
+
+    /// Sends `splits[p]` rows of the device tensor `send` to each rank p
+    /// and returns what every rank sent here, in rank order, in a new
+    /// device buffer, with the row counts (blocking; empty `splits` split
+    /// evenly).
+    pub fn alltoall_device<'t, T: DeviceElement>(
+        &self,
+        name: &str,
+        send: impl Into<DeviceTensor<'t, T>>,
+        splits: &[usize],
+    ) -> Result<DeviceReceived<T>, Error> {
+        let send = send.into();
+        self.device_scope(|s| s.alltoall_async(name, send, splits)?.wait())
+    }
+
+    /// Copies the root's device tensor into every rank's (blocking).
+    pub fn broadcast_device<'t, T: DeviceElement>(
+        &self,
+        name: &str,
+        buf: impl Into<DeviceTensorMut<'t, T>>,
+        root: usize,
+    ) -> Result<(), Error> {
+        let buf = buf.into();
+        self.device_scope(|s| s.broadcast_async(name, buf, root)?.wait())
+    }
+
+    /// Reduces the device tensor `input` across all ranks and leaves this
+    /// rank's rows in `output` (blocking; rows split as
+    /// [`crate::split_rows`]).
+    pub fn reduce_scatter_device<'i, 'o, T: DeviceElement>(
+        &self,
+        name: &str,
+        input: impl Into<DeviceTensor<'i, T>>,
+        output: impl Into<DeviceTensorMut<'o, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        let (input, output, options) = (input.into(), output.into(), options.into());
+        self.device_scope(|s| s.reduce_scatter_async(name, input, output, options)?.wait())
+    }
+}
+
+impl<'scope> DeviceScope<'scope, '_> {
+    /// Submits an in-place allreduce of the device tensor `buf`. Once the
+    /// handle's `wait` returns, the result is in `buf` and the caller's
+    /// stream (`buf`'s) waits on the GPU for the engine's writes.
+    pub fn allreduce_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        buf: impl Into<DeviceTensorMut<'scope, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        self.grouped_allreduce_async([(name, buf.into())], options)
+    }
+
+    /// Submits in-place allreduces of several device tensors at once (they
+    /// reach the same negotiation cycle and fuse); one handle for all.
+    pub fn grouped_allreduce_async<'n, T: DeviceElement>(
+        &'scope self,
+        tensors: impl IntoIterator<Item = (&'n str, DeviceTensorMut<'scope, T>)>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        let options = options.into();
+        let mut ready = ReadyEvents::default();
+        let mut items = Vec::new();
+        for (name, tensor) in tensors {
+            check_shape(name, &tensor.shape, tensor.view.len())?;
+            let stream = tensor.view.stream();
+            let request =
+                self.request::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
+            items.push(self.item(request, None, Some(tensor.view), &mut ready)?);
+        }
+        self.submit(items, |_| Ok(()))
+    }
+
+    /// Submits an allgather of the device tensor `input`: every rank's rows
+    /// in rank order, in a new buffer allocated on the engine's stream (the
+    /// first dimension may differ per rank). A gather of zero elements
+    /// returns a buffer of one element.
+    pub fn allgather_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        input: impl Into<DeviceTensor<'scope, T>>,
+    ) -> Result<Handle<'scope, CudaSlice<T>>, Error> {
+        self.gathering(name, RequestKind::Allgather, input.into(), &[])
+    }
+
+    /// Submits an alltoall of the device tensor `send` (see
+    /// [`Kolo::alltoall_device`]).
+    pub fn alltoall_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        send: impl Into<DeviceTensor<'scope, T>>,
+        splits: &[usize],
+    ) -> Result<Handle<'scope, DeviceReceived<T>>, Error> {
+        self.gathering(name, RequestKind::Alltoall, send.into(), splits)
+    }
+
+    /// Submits an operation that reads `input` and returns an output of
+    /// type `O` the engine allocates (allgather, alltoall).
+    fn gathering<T: DeviceElement, O: Send + 'static>(
+        &'scope self,
+        name: &str,
+        kind: RequestKind,
+        input: DeviceTensor<'scope, T>,
+        splits: &[usize],
+    ) -> Result<Handle<'scope, O>, Error> {
+        check_shape(name, &input.shape, input.view.len())?;
+        let request = Request {
+            device: self.device_of(name, input.view.stream())?,
+            splits: splits.iter().map(|&s| s as u64).collect(),
+            ..self
+                .kolo
+                .request(name, kind, T::DTYPE, wire_shape(&input.shape))
+        };
+        let mut ready = ReadyEvents::default();
+        let item = self.item(request, Some(input.view), None, &mut ready)?;
+        let tensor = name.to_owned();
+        self.submit(vec![item], move |mut outputs| {
+            outputs
+                .pop()
+                .flatten()
+                .and_then(|o| o.downcast::<O>().ok())
+                .map(|o| *o)
+                .ok_or_else(|| internal(&tensor, "the engine's output is missing"))
+        })
+    }
+
+    /// Submits a broadcast of the root's device tensor into every rank's
+    /// `buf`.
+    pub fn broadcast_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        buf: impl Into<DeviceTensorMut<'scope, T>>,
+        root: usize,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        let buf = buf.into();
+        check_shape(name, &buf.shape, buf.view.len())?;
+        let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
+            tensor: name.to_owned(),
+            reason: format!("root rank {root} is out of range"),
+        })?;
+        let request = Request {
+            root_rank,
+            ..self.request::<T>(
+                name,
+                RequestKind::Broadcast,
+                &buf.shape,
+                buf.view.stream(),
+                ReduceOptions::default(),
+            )?
+        };
+        let mut ready = ReadyEvents::default();
+        let item = self.item(request, None, Some(buf.view), &mut ready)?;
+        self.submit(vec![item], |_| Ok(()))
+    }
+
+    /// Submits a reduce-scatter: `input` is reduced across all ranks and
+    /// this rank's share of its first dimension lands in `output`.
+    pub fn reduce_scatter_async<T: DeviceElement>(
+        &'scope self,
+        name: &str,
+        input: impl Into<DeviceTensor<'scope, T>>,
+        output: impl Into<DeviceTensorMut<'scope, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        let (input, output) = (input.into(), output.into());
+        let options = options.into();
+        check_shape(name, &input.shape, input.view.len())?;
+        if let Some((&rows, rest)) = input.shape.split_first() {
+            let row: usize = rest.iter().product();
+            let (rank, size) = (self.kolo.rank(), self.kolo.size());
+            let mine = split_rows(rows, size).get(rank).copied().unwrap_or(0) * row;
+            if output.view.len() != mine {
+                return Err(Error::InvalidArgument {
+                    tensor: name.to_owned(),
+                    reason: format!(
+                        "rank {rank} keeps {mine} elements of the {rows} rows, but the output holds {}",
+                        output.view.len()
+                    ),
+                });
+            }
+        }
+        // Both buffers must live on the engine's GPU: a rank failing to
+        // enqueue would leave its peers waiting in NCCL.
+        self.device_of(name, input.view.stream())?;
+        let request = self.request::<T>(
+            name,
+            RequestKind::ReduceScatter,
+            &input.shape,
+            output.view.stream(),
+            options,
+        )?;
+        let mut ready = ReadyEvents::default();
+        let item = self.item(request, Some(input.view), Some(output.view), &mut ready)?;
+        self.submit(vec![item], |_| Ok(()))
+    }
+
+    /// The request of a tensor of `shape` on `stream` (which must be on
+    /// the engine's GPU) with the reduction `options`.
+    fn request<T: DeviceElement>(
+        &self,
+        name: &str,
+        kind: RequestKind,
+        shape: &[usize],
+        stream: &Arc<CudaStream>,
+        options: ReduceOptions,
+    ) -> Result<Request, Error> {
+        Ok(Request {
+            device: self.device_of(name, stream)?,
+            reduce_op: options.op,
+            prescale: options.prescale,
+            postscale: options.postscale,
+            ..self.kolo.request(name, kind, T::DTYPE, wire_shape(shape))
+        })
+    }
+
+    /// The device of a tensor on `stream`, which must be the engine's GPU.
+    fn device_of(&self, name: &str, stream: &Arc<CudaStream>) -> Result<Device, Error> {
+        let ordinal = stream.context().ordinal();
+        match self.kolo.gpu() {
+            Some(gpu) if gpu == ordinal => Ok(Device::Cuda(ordinal as u32)),
+            Some(gpu) => Err(Error::InvalidArgument {
+                tensor: name.to_owned(),
+                reason: format!(
+                    "the tensor lives on cuda:{ordinal}, but rank {} reduces on cuda:{gpu}",
+                    self.kolo.rank()
+                ),
+            }),
+            None => Err(Error::InvalidArgument {
+                tensor: name.to_owned(),
+                reason: crate::device::NO_GPU_ENGINE.into(),
+            }),
+        }
+    }
+
+    /// One tensor's engine arguments: records (or reuses) the ready event
+    /// on the caller's stream and takes a lease on the memory.
+    fn item<T: DeviceElement>(
+        &self,
+        request: Request,
+        input: Option<CudaView<'scope, T>>,
+        output: Option<CudaViewMut<'scope, T>>,
+        ready: &mut ReadyEvents,
+    ) -> Result<Item<T>, Error> {
+        let streams: Vec<Arc<CudaStream>> = output
+            .as_ref()
+            .map(|v| Arc::clone(v.stream()))
+            .into_iter()
+            .chain(input.as_ref().map(|v| Arc::clone(v.stream())))
+            .collect();
+        let caller = streams
+            .first()
+            .cloned()
+            .ok_or_else(|| internal(&request.tensor_name, "a device op without a buffer"))?;
+        // The engine waits for every stream the tensor's buffers belong to.
+        let mut events = Vec::with_capacity(streams.len());
+        for stream in &streams {
+            let event = ready.on(stream).map_err(|e| Error::Collective {
+                tensor: request.tensor_name.clone(),
+                message: format!("recording the ready event on the caller's stream: {e:?}"),
+            })?;
+            if !events.iter().any(|e| Arc::ptr_eq(e, &event)) {
+                events.push(event);
+            }
+        }
+        // SAFETY: only the lifetime changes. The views are used by the
+        // engine until it drops these `DeviceArgs`, which releases the
+        // lease taken here; `Kolo::device_scope` does not return before
+        // every lease of the scope is released, and the memory is borrowed
+        // for `'scope`, which outlasts that call. So the views are never
+        // used after the borrow ends, whatever happens to the handles.
+        let (input, output) = unsafe {
+            (
+                input.map(|v| std::mem::transmute::<CudaView<'scope, T>, CudaView<'static, T>>(v)),
+                output.map(|v| {
+                    std::mem::transmute::<CudaViewMut<'scope, T>, CudaViewMut<'static, T>>(v)
+                }),
+            )
+        };
+        Ok(Item {
+            request,
+            args: DeviceArgs {
+                input,
+                output,
+                ready: events,
+                _lease: self.leases.lease(),
+            },
+            caller,
+        })
+    }
+
+    /// Submits `items` together; the handle makes each caller's stream wait
+    /// for the engine's done event and turns the engine's outputs (in the
+    /// order of `items`) into the result with `finish`.
+    fn submit<T: DeviceElement, O>(
+        &self,
+        items: Vec<Item<T>>,
+        finish: impl FnOnce(Vec<Option<Box<dyn Any + Send>>>) -> Result<O, Error> + Send + 'scope,
+    ) -> Result<Handle<'scope, O>, Error> {
+        let mut callers = Vec::with_capacity(items.len());
+        let mut submitted: Vec<(Request, Payload)> = Vec::with_capacity(items.len());
+        for item in items {
+            callers.push((item.request.tensor_name.clone(), item.caller));
+            submitted.push((item.request, Box::new(item.args)));
+        }
+        let completions = self.kolo.submit_all(submitted)?;
+        let parts = callers
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(completions)
+            .collect();
+        Ok(Handle::new(parts, move |payloads| {
+            let mut last: Option<(*const CudaStream, *const CudaEvent)> = None;
+            let mut outputs = Vec::with_capacity(payloads.len());
+            for ((tensor, caller), payload) in callers.iter().zip(payloads) {
+                let done = payload
+                    .downcast::<DeviceDone>()
+                    .map_err(|_| internal(tensor, "the engine returned a host result"))?;
+                let pair = (Arc::as_ptr(caller), Arc::as_ptr(&done.done));
+                if last != Some(pair) {
+                    caller.wait(&done.done).map_err(|e| Error::Collective {
+                        tensor: tensor.clone(),
+                        message: format!("the caller's stream cannot wait for the result: {e:?}"),
+                    })?;
+                    last = Some(pair);
+                }
+                outputs.push(done.output);
+            }
+            finish(outputs)
+        }))
+    }
+}
+
+/// Fails unless `shape` holds `len` elements.
+fn check_shape(name: &str, shape: &[usize], len: usize) -> Result<(), Error> {
+    match shape_problem(shape, len) {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidArgument {
+            tensor: name.to_owned(),
+            reason,
+        }),
+    }
+}
+
+/// An internal inconsistency about `tensor`.
+fn internal(tensor: &str, what: &str) -> Error {
+    Error::Collective {
+        tensor: tensor.to_owned(),
+        message: format!("internal: {what}"),
+    }
+}

@@ -1,0 +1,65 @@
+//! Starting GPU engines: one thread per GPU in this process.
+
+use super::plane::NcclPlane;
+use crate::config::Config;
+use crate::device::DevicePlane;
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::threads::run_ranks;
+use kolo_nccl::{Mode, NcclComm, NcclOptions};
+use kolo_threads::ThreadComm;
+use kolo_transport::Topology;
+
+/// Runs `f` on `gpus` ranks, each a thread of this process with its own
+/// GPU engine on device `rank` (kolo-threads for negotiation and host
+/// tensors, NCCL for device tensors), and returns every rank's result in
+/// rank order. Failures and shutdown behave as in [`crate::threads::run`].
+///
+/// Without a CUDA driver, NCCL or enough GPUs this is an
+/// [`Error::Start`] saying which, on every rank — never a panic.
+pub fn run<R, F>(gpus: usize, config: Config, f: F) -> Result<Vec<R>, Error>
+where
+    R: Send,
+    F: Fn(&Kolo) -> Result<R, Error> + Sync,
+{
+    run_with(gpus, config, NcclOptions::default(), f)
+}
+
+/// [`run`] with the communicators' options (operation and teardown
+/// timeouts, ...). The device of rank r is r unless `options.device` pins
+/// one; the mode is thread-per-GPU unless `options.mode` says otherwise.
+pub fn run_with<R, F>(
+    gpus: usize,
+    config: Config,
+    options: NcclOptions,
+    f: F,
+) -> Result<Vec<R>, Error>
+where
+    R: Send,
+    F: Fn(&Kolo) -> Result<R, Error> + Sync,
+{
+    let start = |comm: ThreadComm, config: &Config| {
+        let mut options = options.clone();
+        let rank = comm.rank();
+        options.device = options.device.or(Some(rank));
+        options.mode = options.mode.or(Some(Mode::ThreadPerGpu));
+        Kolo::start_engine(
+            move || with_nccl(comm, options),
+            config.clone(),
+            |comm: &mut ThreadComm, message: &str| comm.fail(message),
+        )
+    };
+    run_ranks(gpus, &config, start, f)
+}
+
+/// Creates the NCCL communicator over `ctrl` (collective over every rank)
+/// and pairs it with the controller: the engine's backend and device plane.
+pub(crate) fn with_nccl<C: kolo_transport::Controller>(
+    mut ctrl: C,
+    options: NcclOptions,
+) -> Result<(C, Option<Box<dyn DevicePlane>>), Error> {
+    let comm = NcclComm::init(&mut ctrl, options).map_err(|e| Error::Start {
+        message: format!("cannot start NCCL on rank {}: {e}", ctrl.rank()),
+    })?;
+    Ok((ctrl, Some(Box::new(NcclPlane::new(comm)))))
+}

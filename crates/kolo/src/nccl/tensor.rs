@@ -1,0 +1,214 @@
+//! Device tensors as the caller hands them in ([`DeviceTensor`],
+//! [`DeviceTensorMut`]: a cudarc view plus a shape) and as the engine
+//! receives them (`DeviceArgs`: lifetime-erased views, the ready event,
+//! and a `Lease` that tells the caller's scope when the engine is done
+//! with the memory).
+
+use cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut};
+use parking_lot::{Condvar, Mutex};
+use std::any::Any;
+use std::sync::Arc;
+
+/// A read-only device tensor: a cudarc view and a row-major shape. A
+/// `&CudaSlice` or a `CudaView` converts into a 1-D tensor.
+#[derive(Debug)]
+pub struct DeviceTensor<'a, T> {
+    pub(crate) view: CudaView<'a, T>,
+    pub(crate) shape: Vec<usize>,
+}
+
+/// A writable device tensor: a cudarc view and a row-major shape. A
+/// `&mut CudaSlice` or a `CudaViewMut` converts into a 1-D tensor.
+#[derive(Debug)]
+pub struct DeviceTensorMut<'a, T> {
+    pub(crate) view: CudaViewMut<'a, T>,
+    pub(crate) shape: Vec<usize>,
+}
+
+impl<'a, T> DeviceTensor<'a, T> {
+    /// `view` with `shape` (checked against its length at submission).
+    pub fn with_shape(view: CudaView<'a, T>, shape: impl AsRef<[usize]>) -> Self {
+        DeviceTensor {
+            view,
+            shape: shape.as_ref().to_vec(),
+        }
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+impl<'a, T> DeviceTensorMut<'a, T> {
+    /// `view` with `shape` (checked against its length at submission).
+    pub fn with_shape(view: CudaViewMut<'a, T>, shape: impl AsRef<[usize]>) -> Self {
+        DeviceTensorMut {
+            view,
+            shape: shape.as_ref().to_vec(),
+        }
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+impl<'a, T> From<&'a CudaSlice<T>> for DeviceTensor<'a, T> {
+    fn from(slice: &'a CudaSlice<T>) -> Self {
+        let shape = vec![slice.len()];
+        DeviceTensor {
+            view: slice.as_view(),
+            shape,
+        }
+    }
+}
+
+impl<'a, T> From<CudaView<'a, T>> for DeviceTensor<'a, T> {
+    fn from(view: CudaView<'a, T>) -> Self {
+        let shape = vec![view.len()];
+        DeviceTensor { view, shape }
+    }
+}
+
+impl<'a, T> From<&'a mut CudaSlice<T>> for DeviceTensorMut<'a, T> {
+    fn from(slice: &'a mut CudaSlice<T>) -> Self {
+        let shape = vec![slice.len()];
+        DeviceTensorMut {
+            view: slice.as_view_mut(),
+            shape,
+        }
+    }
+}
+
+impl<'a, T> From<CudaViewMut<'a, T>> for DeviceTensorMut<'a, T> {
+    fn from(view: CudaViewMut<'a, T>) -> Self {
+        let shape = vec![view.len()];
+        DeviceTensorMut { view, shape }
+    }
+}
+
+/// What a device alltoall delivered to this rank.
+#[derive(Debug)]
+pub struct DeviceReceived<T> {
+    /// Every peer's rows for this rank, in peer order, in a buffer the
+    /// engine allocated on its stream (one spare element when nothing
+    /// arrived: CUDA allocates no empty buffers).
+    pub data: CudaSlice<T>,
+    /// How many rows came from each peer, in peer order.
+    pub splits: Vec<usize>,
+}
+
+/// The caller's memory the engine works on for one tensor, with the
+/// borrow's lifetime erased: the [`Lease`] keeps the caller's scope
+/// waiting until this value is dropped (see `DeviceScope`).
+pub(crate) struct DeviceArgs<T: 'static> {
+    /// The input of an out-of-place operation (allgather, reduce-scatter).
+    pub input: Option<CudaView<'static, T>>,
+    /// The buffer written: in place (allreduce, broadcast) or the output
+    /// (reduce-scatter).
+    pub output: Option<CudaViewMut<'static, T>>,
+    /// Recorded on the streams of the tensor's buffers at submission; the
+    /// engine's stream waits for them on the GPU before touching the
+    /// memory.
+    pub ready: Vec<Arc<CudaEvent>>,
+    /// Released (dropped) when the engine no longer refers to the memory.
+    pub _lease: Lease,
+}
+
+/// What the engine hands back for one device tensor.
+pub(crate) struct DeviceDone {
+    /// Recorded on the engine's stream after the tensor's last write; the
+    /// caller's stream waits for it.
+    pub done: Arc<CudaEvent>,
+    /// An output the engine allocated (allgather's `CudaSlice<T>`).
+    pub output: Option<Box<dyn Any + Send>>,
+}
+
+/// Counts the tensors of a scope the engine still refers to.
+#[derive(Default)]
+pub(crate) struct Leases {
+    out: Mutex<usize>,
+    returned: Condvar,
+}
+
+impl Leases {
+    /// A new lease on one tensor.
+    pub(crate) fn lease(self: &Arc<Self>) -> Lease {
+        *self.out.lock() += 1;
+        Lease {
+            leases: Arc::clone(self),
+        }
+    }
+
+    /// Blocks until every lease is released. Terminates: a lease is
+    /// released when its entry is dropped — performed (after the device
+    /// work completed or failed, which kolo-nccl bounds by its operation
+    /// timeout), failed, or drained when the engine stops.
+    pub(crate) fn wait_all(&self) {
+        let mut out = self.out.lock();
+        while *out > 0 {
+            self.returned.wait(&mut out);
+        }
+    }
+}
+
+/// One tensor's claim on the caller's memory; released on drop.
+pub(crate) struct Lease {
+    leases: Arc<Leases>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut out = self.leases.out.lock();
+        *out = out.saturating_sub(1);
+        if *out == 0 {
+            self.leases.returned.notify_all();
+        }
+    }
+}
+
+/// The ready event of a stream, recorded once per submission and shared by
+/// the tensors on that stream.
+#[derive(Default)]
+pub(crate) struct ReadyEvents {
+    recorded: Vec<(Arc<CudaStream>, Arc<CudaEvent>)>,
+}
+
+impl ReadyEvents {
+    /// The event recorded on `stream` by this submission (recorded now on
+    /// first use).
+    pub(crate) fn on(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Arc<CudaEvent>, cudarc::driver::DriverError> {
+        if let Some((_, event)) = self.recorded.iter().find(|(s, _)| Arc::ptr_eq(s, stream)) {
+            return Ok(Arc::clone(event));
+        }
+        let event = Arc::new(stream.record_event(Some(CU_EVENT_DISABLE_TIMING))?);
+        self.recorded.push((Arc::clone(stream), Arc::clone(&event)));
+        Ok(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_are_waited_for() {
+        let leases = Arc::new(Leases::default());
+        leases.wait_all();
+        let (a, b) = (leases.lease(), leases.lease());
+        let waiter = {
+            let leases = Arc::clone(&leases);
+            std::thread::spawn(move || leases.wait_all())
+        };
+        drop(a);
+        drop(b);
+        waiter.join().unwrap();
+        assert_eq!(*leases.out.lock(), 0);
+    }
+}

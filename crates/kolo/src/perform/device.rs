@@ -1,0 +1,103 @@
+//! The engine's hook for responses on device tensors: hands them to the
+//! device plane, or fails them when the engine has none.
+
+use crate::background::Engine;
+use crate::device::{refusal, DevicePlane};
+use crate::error::Error;
+use crate::table::Entry;
+use kolo_protocol::{RequestKind, Response};
+use kolo_transport::Backend;
+
+impl<B: Backend> Engine<B> {
+    /// Gives the engine a GPU data plane (made on the engine's thread).
+    pub(crate) fn with_device(mut self, plane: Option<Box<dyn DevicePlane>>) -> Self {
+        self.device = plane;
+        self
+    }
+
+    /// Performs a response whose tensors live on a device.
+    pub(crate) fn perform_device(
+        &mut self,
+        kind: RequestKind,
+        response: &Response,
+        slots: Vec<Option<Entry>>,
+    ) {
+        match (
+            refusal(response, self.device.is_some()),
+            self.device.as_mut(),
+        ) {
+            (None, Some(plane)) => plane.perform(kind, response, slots, &self.timeline),
+            (message, _) => {
+                let message = message.unwrap_or_default();
+                for (name, slot) in response.tensor_names.iter().zip(slots) {
+                    let error = Error::Collective {
+                        tensor: name.clone(),
+                        message: message.clone(),
+                    };
+                    self.finish(name, slot, Err(error), response.dtype, &[]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{threads, Config, Error, Kolo};
+    use kolo_protocol::{DataType, Device, RequestKind};
+
+    /// Submits an allreduce request on `device` with no data (the engine
+    /// refuses device responses before looking at it).
+    fn submit_on(kolo: &Kolo, name: &str, device: Device) -> Result<(), Error> {
+        let request = kolo_protocol::Request {
+            device,
+            ..kolo.request(name, RequestKind::Allreduce, DataType::F32, vec![4])
+        };
+        let completion = kolo.submit(request, Box::new(()))?;
+        crate::handle::Handle::new(vec![(name.to_owned(), completion)], |_| Ok(())).wait()
+    }
+
+    #[test]
+    fn a_cpu_gpu_mix_fails_on_every_rank_naming_tensor_and_ranks() {
+        let errors = threads::run(2, Config::default(), |kolo| {
+            let device = if kolo.rank() == 0 {
+                Device::Cpu
+            } else {
+                Device::Cuda(1)
+            };
+            Ok(submit_on(kolo, "grad/mixed", device).err())
+        })
+        .unwrap();
+        for error in errors {
+            let Some(Error::Mismatch { tensor, message }) = error else {
+                panic!("expected a mismatch, got {error:?}");
+            };
+            assert_eq!(tensor, "grad/mixed");
+            assert!(message.contains("CPU/GPU"), "{message}");
+            assert!(message.contains("rank 0 sent cpu"), "{message}");
+            assert!(message.contains("rank 1 sent cuda:1"), "{message}");
+        }
+    }
+
+    #[test]
+    fn device_tensors_on_a_host_engine_fail_clearly() {
+        let errors = threads::run(2, Config::default(), |kolo| {
+            assert_eq!(kolo.gpu(), None);
+            let device = Device::Cuda(kolo.rank() as u32);
+            let first = submit_on(kolo, "grad/gpu", device).err();
+            // The engine is still usable afterwards.
+            let mut host = [1.0f32; 2];
+            kolo.allreduce("grad/host", &mut host, kolo_protocol::ReduceOp::Sum)?;
+            assert_eq!(host, [2.0; 2]);
+            Ok(first)
+        })
+        .unwrap();
+        for error in errors {
+            let Some(Error::Collective { tensor, message }) = error else {
+                panic!("expected a collective error, got {error:?}");
+            };
+            assert_eq!(tensor, "grad/gpu");
+            assert!(message.contains("GPU engine"), "{message}");
+        }
+    }
+}

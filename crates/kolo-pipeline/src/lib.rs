@@ -73,14 +73,19 @@
 
 #![warn(missing_docs)]
 
+mod channel;
 mod channels;
+#[cfg(feature = "nccl")]
+mod device_tensor;
 mod error;
 mod link;
 mod link_state;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod options;
+mod payload;
 mod pipeline;
+mod pipeline_device;
 mod plan;
 pub mod schedule;
 mod serial;
@@ -89,10 +94,13 @@ mod tensor;
 mod threaded;
 mod wire;
 
+pub use channel::Channel;
 pub use channels::{
     duplicate_channels, pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet,
     Endpoint,
 };
+#[cfg(feature = "nccl")]
+pub use device_tensor::DeviceTensor;
 pub use error::{PipelineError, PlanError, TensorError};
 pub use link_state::Helpers;
 pub use options::{Direction, Mode, Options};

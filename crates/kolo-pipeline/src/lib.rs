@@ -25,6 +25,16 @@
 //! `FUNNELED`) from one loop, posting receives in the order the stage asks
 //! for them and the queued sends just before them.
 //!
+//! With the `nccl` feature, `nccl::nccl_channels` makes every channel a
+//! two-rank NCCL communicator, and `DeviceTensor`s (cudarc `CudaSlice`s
+//! and their shapes) move GPU to GPU on them with
+//! `Pipeline::send_device` / `Pipeline::recv_device`: the header as host
+//! bytes, the elements by `ncclSend` / `ncclRecv` on the device buffers.
+//! Channels are [`Channel`]s — host bytes for any kolo `Collectives`,
+//! device tensors where the backend moves them; elsewhere a device tensor
+//! is refused naming the tensor and the channel's ranks
+//! ([`Pipeline::check_device`] asks without a GPU).
+//!
 //! A peer that fails, leaves or gives up makes its neighbours' calls fail
 //! with [`PipelineError::PeerFailed`] naming its rank and stage (and, when
 //! it aborted, its reason), never hang.

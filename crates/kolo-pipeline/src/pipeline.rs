@@ -187,7 +187,7 @@ impl Pipeline {
     /// the producer stage's replica that processed it, or backward (its
     /// gradient) from the consumer stage's. Minibatches may be taken in any
     /// order; each once. A message sent as a device tensor is taken with
-    /// [`Pipeline::recv_device`] instead ([`PipelineError::WrongMemory`]
+    /// `Pipeline::recv_device` (feature `nccl`) instead ([`PipelineError::WrongMemory`]
     /// here, and it stays queued).
     pub fn recv(
         &self,

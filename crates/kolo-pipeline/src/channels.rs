@@ -16,6 +16,7 @@
 //! world communicator once per entry of [`crate::channels`], on every rank
 //! in that order, with [`duplicate_channels`].
 
+use crate::channel::Channel;
 use crate::error::PipelineError;
 use crate::options::Options;
 use crate::plan::{channels, StagePlan};
@@ -74,10 +75,12 @@ pub struct Endpoint<B> {
 ///
 /// [`crate::Pipeline::start`] calls `open` once for each of
 /// [`crate::StagePlan::channels`], in that order. Any
-/// `FnMut(&ChannelKey) -> Result<Endpoint<B>, PipelineError>` is a factory.
+/// `FnMut(&ChannelKey) -> Result<Endpoint<B>, PipelineError>` is a factory
+/// (for any [`Channel`] `B`: every `Collectives + Send + 'static`, and
+/// NCCL channels).
 pub trait ChannelFactory {
     /// The communicator type.
-    type Comm: Collectives + Send + 'static;
+    type Comm: Channel;
 
     /// This rank's end of `key`.
     fn open(&mut self, key: &ChannelKey) -> Result<Endpoint<Self::Comm>, PipelineError>;
@@ -85,7 +88,7 @@ pub trait ChannelFactory {
 
 impl<B, F> ChannelFactory for F
 where
-    B: Collectives + Send + 'static,
+    B: Channel,
     F: FnMut(&ChannelKey) -> Result<Endpoint<B>, PipelineError>,
 {
     type Comm = B;
@@ -120,7 +123,7 @@ impl<B> ChannelSet<B> {
     }
 }
 
-impl<B: Collectives + Send + 'static> ChannelFactory for ChannelSet<B> {
+impl<B: Channel> ChannelFactory for ChannelSet<B> {
     type Comm = B;
 
     fn open(&mut self, key: &ChannelKey) -> Result<Endpoint<B>, PipelineError> {

@@ -187,6 +187,15 @@ pub enum TensorError {
     /// byte other than 0 or 1).
     #[error("invalid tensor bytes: {0}")]
     Bytes(String),
+    /// A device tensor without elements (CUDA allocates no empty buffers).
+    #[error("a device tensor holds at least one element; shape {shape:?} holds none")]
+    EmptyDevice {
+        /// The shape.
+        shape: Vec<usize>,
+    },
+    /// A CUDA call on a device tensor failed (a copy to or from the host).
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 /// Why a pipeline send, receive or wait failed. Every variant names the
@@ -376,6 +385,47 @@ pub enum PipelineError {
     Flush {
         /// The backend's error.
         source: TransportError,
+    },
+    /// A device tensor asked to travel where only host tensors do: a
+    /// channel that is not NCCL's, or the serial engine.
+    #[error(
+        "tensor '{name}' {direction}: a device tensor cannot {action} on the channel from \
+         rank {sender} to rank {receiver}: {why}"
+    )]
+    DeviceUnsupported {
+        /// The tensor.
+        name: String,
+        /// The direction.
+        direction: Direction,
+        /// "travel" for a send, "arrive" for a receive.
+        action: &'static str,
+        /// The channel's sending rank (global).
+        sender: usize,
+        /// The channel's receiving rank (global).
+        receiver: usize,
+        /// Why (which engine or channel it is, what to do instead).
+        why: String,
+    },
+    /// A message arrived in the other memory than the call that takes it:
+    /// sent with `send_device` but taken with `recv`, or the reverse. The
+    /// message stays queued for the matching call.
+    #[error(
+        "tensor '{name}' {direction} minibatch {minibatch} from rank {peer} arrived in \
+         {arrived} memory; take it with {use_instead}"
+    )]
+    WrongMemory {
+        /// The tensor.
+        name: String,
+        /// The direction.
+        direction: Direction,
+        /// The peer (global rank).
+        peer: usize,
+        /// The minibatch.
+        minibatch: u64,
+        /// "host" or "device".
+        arrived: &'static str,
+        /// The call that takes it.
+        use_instead: &'static str,
     },
     /// A channel could not be opened or a helper thread not started.
     #[error("could not start the pipeline: {0}")]

@@ -25,6 +25,16 @@
 //! `FUNNELED`) from one loop, posting receives in the order the stage asks
 //! for them and the queued sends just before them.
 //!
+//! With the `nccl` feature, `nccl::nccl_channels` makes every channel a
+//! two-rank NCCL communicator, and `DeviceTensor`s (cudarc `CudaSlice`s
+//! and their shapes) move GPU to GPU on them with
+//! `Pipeline::send_device` / `Pipeline::recv_device`: the header as host
+//! bytes, the elements by `ncclSend` / `ncclRecv` on the device buffers.
+//! Channels are [`Channel`]s — host bytes for any kolo `Collectives`,
+//! device tensors where the backend moves them; elsewhere a device tensor
+//! is refused naming the tensor and the channel's ranks
+//! ([`Pipeline::check_device`] asks without a GPU).
+//!
 //! A peer that fails, leaves or gives up makes its neighbours' calls fail
 //! with [`PipelineError::PeerFailed`] naming its rank and stage (and, when
 //! it aborted, its reason), never hang.
@@ -73,14 +83,19 @@
 
 #![warn(missing_docs)]
 
+mod channel;
 mod channels;
+#[cfg(feature = "nccl")]
+mod device_tensor;
 mod error;
 mod link;
 mod link_state;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod options;
+mod payload;
 mod pipeline;
+mod pipeline_device;
 mod plan;
 pub mod schedule;
 mod serial;
@@ -89,10 +104,13 @@ mod tensor;
 mod threaded;
 mod wire;
 
+pub use channel::Channel;
 pub use channels::{
     duplicate_channels, pair_channels, ChannelFactory, ChannelKey, ChannelKind, ChannelSet,
     Endpoint,
 };
+#[cfg(feature = "nccl")]
+pub use device_tensor::DeviceTensor;
 pub use error::{PipelineError, PlanError, TensorError};
 pub use link_state::Helpers;
 pub use options::{Direction, Mode, Options};

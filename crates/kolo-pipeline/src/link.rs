@@ -8,7 +8,7 @@ use crate::options::Direction;
 use crate::schedule::{self, Replica};
 use crate::wire::Header;
 use kolo_protocol::DataType;
-use kolo_transport::TransportError;
+use kolo_transport::{MemoryKind, TransportError};
 
 /// Whether this rank sends or receives on a link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,17 +78,19 @@ impl Link {
     }
 }
 
-/// The dtype and shape of a tensor header, checked against the link.
+/// The dtype, shape and memory of a tensor header, checked against the
+/// link.
 pub(crate) fn expect_tensor(
     link: &Link,
     due: Option<u64>,
     header: Header,
-) -> Result<(DataType, Vec<usize>), PipelineError> {
+) -> Result<(DataType, Vec<usize>, MemoryKind), PipelineError> {
     match header {
         Header::Tensor {
             dtype,
             shape,
             minibatch,
+            memory,
         } => {
             if Some(minibatch) != due {
                 return Err(protocol(
@@ -105,7 +107,7 @@ pub(crate) fn expect_tensor(
                     got: dtype,
                 });
             }
-            Ok((dtype, shape))
+            Ok((dtype, shape, memory))
         }
         other => Err(protocol(
             link,

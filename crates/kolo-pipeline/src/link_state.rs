@@ -6,7 +6,8 @@
 
 use crate::error::PipelineError;
 use crate::link::Link;
-use crate::tensor::Tensor;
+use crate::payload::{check_taken, Payload};
+use kolo_transport::MemoryKind;
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ struct Inner {
     /// Recv role: messages arrived and taken, acks handed to the mover.
     arrived: u64,
     taken: u64,
-    ready: BTreeMap<u64, Tensor>,
+    ready: BTreeMap<u64, Payload>,
     /// The serial engine has been asked to receive (a message, an ack).
     fetching: bool,
     failure: Option<PipelineError>,
@@ -76,9 +77,9 @@ impl LinkState {
     }
 
     /// A received tensor for `minibatch`.
-    pub(crate) fn deliver(&self, minibatch: u64, tensor: Tensor) {
+    pub(crate) fn deliver(&self, minibatch: u64, payload: Payload) {
         let mut inner = self.inner.lock();
-        inner.ready.insert(minibatch, tensor);
+        inner.ready.insert(minibatch, payload);
         inner.arrived += 1;
         inner.fetching = false;
         self.cond.notify_all();
@@ -92,21 +93,26 @@ impl LinkState {
         self.cond.notify_all();
     }
 
-    /// Waits for `minibatch` and takes it. `fetch` asks the serial engine
-    /// for the link's next message (the threaded engine prefetches, and
-    /// passes a no-op); it is called with the link locked, at most once per
-    /// message.
+    /// Waits for `minibatch` and takes it, if it arrived in `wanted`
+    /// memory (otherwise it stays queued and the error names the call that
+    /// takes it). `fetch` asks the serial engine for the link's next
+    /// message (the threaded engine prefetches, and passes a no-op); it is
+    /// called with the link locked, at most once per message.
     pub(crate) fn take(
         &self,
         minibatch: u64,
+        wanted: MemoryKind,
         fetch: impl Fn() -> Result<(), PipelineError>,
-    ) -> Result<Tensor, PipelineError> {
+    ) -> Result<Payload, PipelineError> {
         let position = self.link.position(minibatch);
         let mut inner = self.inner.lock();
         loop {
-            if let Some(tensor) = inner.ready.remove(&minibatch) {
+            if let Some(arrived) = inner.ready.get(&minibatch).map(Payload::memory) {
+                check_taken(&self.link, minibatch, arrived, wanted)?;
+            }
+            if let Some(payload) = inner.ready.remove(&minibatch) {
                 inner.taken += 1;
-                return Ok(tensor);
+                return Ok(payload);
             }
             if position.is_some_and(|p| p < inner.arrived) {
                 return Err(self.already(minibatch, "received"));

@@ -11,12 +11,15 @@
 //! [`crate::pair_channels`]; [`crate::Pipeline::start`] then gives each
 //! helper thread its channel's [`NcclChannel`].
 //!
-//! An [`NcclChannel`] carries the pipeline's host tensors through
-//! kolo-nccl's `HostStaging` — upload, `ncclSend` / `ncclRecv`, download —
-//! so between GPUs of one host the bytes cross over NVLink or PCIe
-//! peer-to-peer, and every pipeline test runs over NCCL unchanged. Each
-//! send is issued and waited for at once, so its failure is the send's
-//! error.
+//! An [`NcclChannel`] is a [`Channel`] that moves device memory:
+//! [`crate::DeviceTensor`]s sent with [`crate::Pipeline::send_device`] go
+//! GPU to GPU — the 80-byte header as host bytes, then `ncclSend` on the
+//! tensor's buffer and, on the receiver, `ncclRecv` into a buffer
+//! allocated on its GPU once the header has arrived: no host copy of the
+//! elements. Host tensors ([`crate::Pipeline::send`]) and the headers go
+//! through kolo-nccl's `HostStaging` — upload, `ncclSend` / `ncclRecv`,
+//! download — so every pipeline test runs over NCCL unchanged. Each send
+//! is issued and waited for at once, so its failure is the send's error.
 //!
 //! What to know:
 //! - NCCL refuses a communicator with two ranks on one GPU ("Duplicate GPU
@@ -34,21 +37,32 @@
 //!   `NcclOptions::teardown_timeout`) for the other end to be dropped too;
 //!   ends that are never started are dropped with their set.
 
+use crate::channel::Channel;
 use crate::channels::{pair_channels, ChannelSet};
+use crate::device_tensor::DeviceTensor;
 use crate::error::PipelineError;
 use crate::options::Options;
 use crate::spec::PipelineSpec;
+use crate::tensor::element_count;
+use cudarc::driver::CudaStream;
 use kolo_nccl::{HostStaging, Mode, NcclComm, NcclError, NcclOptions};
+use kolo_protocol::DataType;
 use kolo_threads::ThreadComm;
-use kolo_transport::{Collectives, Element, MemoryKind, Result, Topology};
+use kolo_transport::{with_element_type, Collectives, Result, Topology, TransportError};
+use std::sync::Arc;
 
 /// One end of a pipeline channel over NCCL: a two-rank communicator (rank
-/// 0 sends, rank 1 receives) and the controller it was built over.
-/// Implements kolo's host [`Collectives`] through kolo-nccl's
-/// `HostStaging`.
+/// 0 sends, rank 1 receives) and the controller it was built over. A
+/// [`Channel`] of host bytes (through kolo-nccl's `HostStaging`) and of
+/// device tensors (`ncclSend` / `ncclRecv` on their buffers).
 pub struct NcclChannel {
     comm: NcclComm,
     ctrl: ThreadComm,
+    /// The stream received device tensors are allocated on (created on
+    /// the first): not the NCCL stream, where the next receive may already
+    /// wait for its peer, so a caller's work on a received tensor (a copy
+    /// to the host on its own stream) never queues behind it.
+    delivery: Option<Arc<CudaStream>>,
 }
 
 impl NcclChannel {
@@ -60,6 +74,28 @@ impl NcclChannel {
     fn staging(&mut self) -> HostStaging<'_, ThreadComm> {
         HostStaging::new(&mut self.comm, &mut self.ctrl)
     }
+
+    fn delivery_stream(&mut self) -> Result<Arc<CudaStream>> {
+        if let Some(stream) = &self.delivery {
+            return Ok(Arc::clone(stream));
+        }
+        let stream = self
+            .comm
+            .device()
+            .context()
+            .new_stream()
+            .map_err(|e| cuda_error("creating the delivery stream", e))?;
+        self.delivery = Some(Arc::clone(&stream));
+        Ok(stream)
+    }
+}
+
+fn cuda_error(what: &str, e: cudarc::driver::DriverError) -> TransportError {
+    TransportError::Backend(format!("CUDA, {what}: {e:?}"))
+}
+
+fn tensor_error(e: crate::TensorError) -> TransportError {
+    TransportError::InvalidArgument(e.to_string())
 }
 
 impl std::fmt::Debug for NcclChannel {
@@ -85,21 +121,50 @@ impl Topology for NcclChannel {
     }
 }
 
-impl Collectives for NcclChannel {
-    fn memory(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-
-    /// Sends `buf` to `peer` and waits until NCCL has delivered it. (A
+impl Channel for NcclChannel {
+    /// Sends `bytes` to `peer` and waits until NCCL has delivered them. (A
     /// plain `HostStaging::send` only stages the data until the next
     /// receive from the peer, which a one-way channel never has; a send
     /// with an empty receive in one group is issued at once.)
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
-        self.staging().sendrecv(buf, peer, &mut [], peer, tag)
+    fn send_bytes(&mut self, bytes: &[u8], peer: usize, tag: u32) -> Result<()> {
+        self.staging().sendrecv(bytes, peer, &mut [], peer, tag)
     }
 
-    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
-        self.staging().recv(buf, peer, tag)
+    fn recv_bytes(&mut self, bytes: &mut [u8], peer: usize, tag: u32) -> Result<()> {
+        self.staging().recv(bytes, peer, tag)
+    }
+
+    fn moves_device(&self) -> bool {
+        true
+    }
+
+    /// `ncclSend` on the tensor's buffer (which must live on this end's
+    /// GPU), waited for: NCCL has delivered it when this returns.
+    fn send_device(&mut self, tensor: &DeviceTensor, peer: usize) -> Result<()> {
+        with_element_type!(tensor.dtype(), T => {
+            let slice = tensor.as_slice::<T>().map_err(tensor_error)?;
+            self.comm.send(slice, peer)?.wait()?;
+            Ok(())
+        })
+    }
+
+    /// A buffer of exactly `shape`'s elements on this end's GPU (on the
+    /// delivery stream), filled by `ncclRecv`, waited for.
+    fn recv_device(
+        &mut self,
+        dtype: DataType,
+        shape: Vec<usize>,
+        peer: usize,
+    ) -> Result<DeviceTensor> {
+        let count = element_count(&shape, dtype).map_err(tensor_error)?;
+        let stream = self.delivery_stream()?;
+        with_element_type!(dtype, T => {
+            let mut slice = stream
+                .alloc_zeros::<T>(count)
+                .map_err(|e| cuda_error("allocating a received tensor", e))?;
+            self.comm.recv(&mut slice, peer)?.wait()?;
+            DeviceTensor::new(shape, slice).map_err(tensor_error)
+        })
     }
 }
 
@@ -148,7 +213,11 @@ fn open_pair(
                     ..options.clone()
                 };
                 s.spawn(move || {
-                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel { comm, ctrl })
+                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel {
+                        comm,
+                        ctrl,
+                        delivery: None,
+                    })
                 })
             })
             .collect();

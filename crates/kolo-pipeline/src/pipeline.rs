@@ -8,12 +8,14 @@ use crate::error::PipelineError;
 use crate::link::Role;
 use crate::link_state::{Counter, Helpers, LinkState};
 use crate::options::{Direction, Options};
+use crate::payload::{check_memory, Payload};
 use crate::plan::StagePlan;
 use crate::schedule;
 use crate::serial::Op;
 use crate::tensor::Tensor;
 use crate::threaded::Threaded;
 use crossbeam_channel::Sender;
+use kolo_transport::MemoryKind;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -136,15 +138,36 @@ impl Pipeline {
         minibatch: u64,
         direction: Direction,
     ) -> Result<(), PipelineError> {
+        self.send_payload(name, Payload::Host(tensor), minibatch, direction)
+    }
+
+    pub(crate) fn send_payload(
+        &self,
+        name: &str,
+        payload: Payload,
+        minibatch: u64,
+        direction: Direction,
+    ) -> Result<(), PipelineError> {
         let i = self.resolve(name, minibatch, direction, Role::Send)?;
         let state = &self.core.links[i];
-        if tensor.dtype() != state.link.dtype {
+        check_memory(
+            &state.link,
+            self.core.plan.rank(),
+            payload.memory(),
+            self.carrier(i),
+        )?;
+        let dtype = match &payload {
+            Payload::Host(t) => t.dtype(),
+            #[cfg(feature = "nccl")]
+            Payload::Device(t) => t.dtype(),
+        };
+        if dtype != state.link.dtype {
             return Err(PipelineError::DType {
                 name: name.to_string(),
                 direction,
                 action: "a send",
                 expected: state.link.dtype,
-                got: tensor.dtype(),
+                got: dtype,
             });
         }
         let window = if state.link.acked {
@@ -156,30 +179,44 @@ impl Pipeline {
             minibatch,
             window,
             || self.request(Op::FetchAck { link: i }),
-            || self.post(i, minibatch, tensor),
+            || self.post(i, minibatch, payload),
         )
     }
 
     /// Receives minibatch `minibatch` of `name` in `direction`: forward from
     /// the producer stage's replica that processed it, or backward (its
     /// gradient) from the consumer stage's. Minibatches may be taken in any
-    /// order; each once.
+    /// order; each once. A message sent as a device tensor is taken with
+    /// `Pipeline::recv_device` (feature `nccl`) instead ([`PipelineError::WrongMemory`]
+    /// here, and it stays queued).
     pub fn recv(
         &self,
         name: &str,
         minibatch: u64,
         direction: Direction,
     ) -> Result<Tensor, PipelineError> {
+        let (i, payload) = self.recv_payload(name, minibatch, direction, MemoryKind::Host)?;
+        payload.into_host(&self.core.links[i].link, minibatch)
+    }
+
+    pub(crate) fn recv_payload(
+        &self,
+        name: &str,
+        minibatch: u64,
+        direction: Direction,
+        wanted: MemoryKind,
+    ) -> Result<(usize, Payload), PipelineError> {
         let i = self.resolve(name, minibatch, direction, Role::Recv)?;
         let state = &self.core.links[i];
-        let tensor = state.take(minibatch, || self.request(Op::Fetch { link: i }))?;
+        check_memory(&state.link, self.core.plan.rank(), wanted, self.carrier(i))?;
+        let payload = state.take(minibatch, wanted, || self.request(Op::Fetch { link: i }))?;
         if state.link.acked {
             // The tensor is the caller's either way: an ack that cannot be
             // queued means the link failed, which the link records and
             // `wait` / `finish` report.
             let _ = self.post_ack(i, minibatch);
         }
-        Ok(tensor)
+        Ok((i, payload))
     }
 
     /// How many helper threads are still moving messages (0 in serial
@@ -300,7 +337,7 @@ impl Pipeline {
 
     /// The link that carries `minibatch` of `name` in `direction` for this
     /// rank acting as `role`, or why there is none.
-    fn resolve(
+    pub(crate) fn resolve(
         &self,
         name: &str,
         minibatch: u64,
@@ -375,14 +412,22 @@ impl Pipeline {
             .ok_or_else(|| wrong(format!("no link carries minibatch {minibatch}")))
     }
 
-    fn post(&self, link: usize, minibatch: u64, tensor: Tensor) -> Result<(), PipelineError> {
-        match &self.engine {
-            Engine::Threaded(t) => t.post(&self.core, link, minibatch, tensor),
-            Engine::Serial(_) => self.request(Op::Post {
+    fn post(&self, link: usize, minibatch: u64, payload: Payload) -> Result<(), PipelineError> {
+        match (&self.engine, payload) {
+            (Engine::Threaded(t), payload) => t.post(&self.core, link, minibatch, payload),
+            (Engine::Serial(_), Payload::Host(tensor)) => self.request(Op::Post {
                 link,
                 minibatch,
                 tensor,
             }),
+            // `send_device` checked the carrier first; kept for safety.
+            #[cfg(feature = "nccl")]
+            (Engine::Serial(_), Payload::Device(_)) => check_memory(
+                &self.core.links[link].link,
+                self.core.plan.rank(),
+                MemoryKind::Cuda,
+                crate::payload::Carrier::Serial,
+            ),
         }
     }
 

@@ -22,12 +22,13 @@ use crate::error::PipelineError;
 use crate::link::{aborted, byte_len, expect_tensor, protocol, transport_error, Link, Role};
 use crate::link_state::LinkState;
 use crate::options::Options;
+use crate::payload::Payload;
 use crate::pipeline::{Core, Engine, Pipeline};
 use crate::plan::StagePlan;
 use crate::tensor::Tensor;
 use crate::wire::{reason_bytes, Header, HEADER_LEN};
 use crossbeam_channel::{Receiver, Sender};
-use kolo_transport::{Collectives, TransportError};
+use kolo_transport::{Collectives, MemoryKind, TransportError};
 use std::fmt;
 use std::sync::Arc;
 use std::thread;
@@ -173,6 +174,7 @@ impl<'a, B: Collectives> Serial<'a, B> {
                         dtype: tensor.dtype(),
                         shape: tensor.shape().to_vec(),
                         minibatch,
+                        memory: MemoryKind::Host,
                     };
                     self.queue(link, header, Body::Tensor(tensor));
                 }
@@ -218,7 +220,7 @@ impl<'a, B: Collectives> Serial<'a, B> {
             .nth(if ack { counts.acked } else { counts.arrived });
         match self.receive(&state.link, due, ack) {
             Ok(None) => state.acknowledge(),
-            Ok(Some((minibatch, tensor))) => state.deliver(minibatch, tensor),
+            Ok(Some((minibatch, tensor))) => state.deliver(minibatch, Payload::Host(tensor)),
             Err(e) => state.fail(e),
         }
     }
@@ -248,7 +250,15 @@ impl<'a, B: Collectives> Serial<'a, B> {
                 format!("expected the ack of minibatch {due:?}, got {other:?}"),
             )),
             other => {
-                let (dtype, shape) = expect_tensor(link, due, other)?;
+                let (dtype, shape, memory) = expect_tensor(link, due, other)?;
+                if memory != MemoryKind::Host {
+                    return Err(protocol(
+                        link,
+                        "a device tensor arrived on the serial engine, which moves host \
+                         tensors only"
+                            .into(),
+                    ));
+                }
                 let mut data = vec![0u8; byte_len(&shape, dtype)];
                 self.recv_plain(link, due, &mut data)?;
                 let tensor = Tensor::from_bytes(dtype, shape, &data).map_err(|source| {

@@ -1,8 +1,10 @@
 //! The threaded engine (PipeDream's helper threads): one thread per link,
 //! each owning its channel's communicator, moving exactly its link's
 //! messages for the run and exiting. A sender helper takes tensors from
-//! its queue and sends header then data; a receiver helper prefetches every
-//! message of its link into the link's queue. In forward-only mode each
+//! its queue and sends header then data — host bytes, or a device tensor
+//! moved GPU to GPU by its [`Channel`]; a receiver helper prefetches every
+//! message of its link into the link's queue, receiving a device tensor
+//! into a buffer its channel allocates once the header has arrived. In forward-only mode each
 //! link also has an ack sender on the consumer and an ack receiver on the
 //! producer, on a channel of their own.
 //!
@@ -11,22 +13,27 @@
 //! (with the reason) on its channel and exits, which releases its
 //! communicator; receiver helpers end when their peer's sender does.
 
+use crate::channel::Channel;
 use crate::channels::{ChannelFactory, Endpoint};
 use crate::error::PipelineError;
 use crate::link::{aborted, byte_len, expect_tensor, protocol, transport_error, Link, Role};
 use crate::link_state::{LinkState, Running};
+use crate::payload::{Carrier, Payload};
 use crate::pipeline::Core;
 use crate::tensor::Tensor;
 use crate::wire::{reason_bytes, Header, HEADER_LEN};
 use crossbeam_channel::{Receiver, Sender};
-use kolo_transport::{Collectives, TransportError};
+use kolo_protocol::DataType;
+use kolo_transport::{MemoryKind, TransportError};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 /// The caller's handles on the helpers.
 pub(crate) struct Threaded {
     /// Per link: the queue of a sender helper.
-    tensors: Vec<Option<Sender<(u64, Tensor)>>>,
+    tensors: Vec<Option<Sender<(u64, Payload)>>>,
+    /// Per link: whether its data channel moves device tensors.
+    carriers: Vec<Carrier>,
     /// Per link: the queue of an ack sender helper.
     acks: Vec<Option<Sender<u64>>>,
     handles: Vec<JoinHandle<()>>,
@@ -42,12 +49,18 @@ impl Threaded {
         let mut threaded = Threaded {
             tensors: (0..n).map(|_| None).collect(),
             acks: (0..n).map(|_| None).collect(),
+            carriers: Vec::with_capacity(n),
             handles: Vec::new(),
         };
         let rank = core.plan.rank();
         for i in 0..n {
             let link = &core.links[i].link;
             let data = factory.open(&link.data_channel(rank))?;
+            threaded.carriers.push(if data.comm.moves_device() {
+                Carrier::DeviceChannel
+            } else {
+                Carrier::HostChannel
+            });
             let acks = if link.acked {
                 Some(factory.open(&link.ack_channel(rank))?)
             } else {
@@ -121,16 +134,24 @@ impl Threaded {
         }
     }
 
+    /// What moves link `link`'s data.
+    pub(crate) fn carrier(&self, link: usize) -> Carrier {
+        self.carriers
+            .get(link)
+            .copied()
+            .unwrap_or(Carrier::HostChannel)
+    }
+
     /// Queues a tensor for link `link`'s sender helper.
     pub(crate) fn post(
         &self,
         core: &Core,
         link: usize,
         minibatch: u64,
-        tensor: Tensor,
+        payload: Payload,
     ) -> Result<(), PipelineError> {
         let queue = self.tensors.get(link).and_then(Option::as_ref);
-        match queue.map(|q| q.send((minibatch, tensor))) {
+        match queue.map(|q| q.send((minibatch, payload))) {
             Some(Ok(())) => Ok(()),
             _ => Err(core.links[link]
                 .failure()
@@ -174,61 +195,128 @@ impl Threaded {
 }
 
 /// A sender helper: header then data for each of the link's minibatches.
-fn send_tensors<B: Collectives>(
+fn send_tensors<B: Channel>(
     core: &Core,
     state: &LinkState,
     Endpoint { mut comm, peer }: Endpoint<B>,
-    queue: Receiver<(u64, Tensor)>,
+    queue: Receiver<(u64, Payload)>,
 ) {
     let link = &state.link;
     for _ in 0..link.expected {
-        let Ok((minibatch, tensor)) = queue.recv() else {
+        let Ok((minibatch, payload)) = queue.recv() else {
             send_abort(core, state, &mut comm, peer);
             return;
         };
-        let header = Header::Tensor {
-            dtype: tensor.dtype(),
-            shape: tensor.shape().to_vec(),
-            minibatch,
-        }
-        .encode();
-        let sent = comm
-            .send(&header, peer, link.tag)
-            .and_then(|()| comm.send(tensor.as_bytes(), peer, link.tag));
-        if let Err(e) = sent {
+        if let Err(e) = send_payload(&mut comm, peer, link.tag, minibatch, &payload) {
             state.fail(channel_error(link, Some(minibatch), e));
             return;
         }
     }
 }
 
+/// The header, then the elements: host bytes, or device memory moved by
+/// the channel.
+fn send_payload<B: Channel>(
+    comm: &mut B,
+    peer: usize,
+    tag: u32,
+    minibatch: u64,
+    payload: &Payload,
+) -> Result<(), TransportError> {
+    let (dtype, shape) = match payload {
+        Payload::Host(t) => (t.dtype(), t.shape()),
+        #[cfg(feature = "nccl")]
+        Payload::Device(t) => (t.dtype(), t.shape()),
+    };
+    let header = Header::Tensor {
+        dtype,
+        shape: shape.to_vec(),
+        minibatch,
+        memory: payload.memory(),
+    };
+    comm.send_bytes(&header.encode(), peer, tag)?;
+    match payload {
+        Payload::Host(t) => comm.send_bytes(t.as_bytes(), peer, tag),
+        #[cfg(feature = "nccl")]
+        Payload::Device(t) => comm.send_device(t, peer),
+    }
+}
+
 /// A receiver helper: prefetches every message of the link.
-fn receive_tensors<B: Collectives>(state: &LinkState, Endpoint { mut comm, peer }: Endpoint<B>) {
+fn receive_tensors<B: Channel>(state: &LinkState, Endpoint { mut comm, peer }: Endpoint<B>) {
     let link = &state.link;
     for n in 0..link.expected {
         let due = link.nth(n);
         let received = receive_header(link, &mut comm, peer, due).and_then(|header| {
-            let (dtype, shape) = expect_tensor(link, due, header)?;
-            let mut bytes = vec![0u8; byte_len(&shape, dtype)];
-            comm.recv(&mut bytes, peer, link.tag)
-                .map_err(|e| channel_error(link, due, e))?;
-            let tensor = Tensor::from_bytes(dtype, shape, &bytes).map_err(|source| {
-                PipelineError::Tensor {
-                    name: link.name.clone(),
-                    source,
+            let (dtype, shape, memory) = expect_tensor(link, due, header)?;
+            let payload = match memory {
+                MemoryKind::Host => {
+                    Payload::Host(receive_host(link, &mut comm, peer, due, dtype, shape)?)
                 }
-            })?;
-            Ok((due.unwrap_or(0), tensor))
+                MemoryKind::Cuda => receive_device(link, &mut comm, peer, due, dtype, shape)?,
+            };
+            Ok((due.unwrap_or(0), payload))
         });
         match received {
-            Ok((minibatch, tensor)) => state.deliver(minibatch, tensor),
+            Ok((minibatch, payload)) => state.deliver(minibatch, payload),
             Err(e) => return state.fail(e),
         }
     }
 }
 
+/// A host tensor's bytes, after its header.
+fn receive_host<B: Channel>(
+    link: &Link,
+    comm: &mut B,
+    peer: usize,
+    due: Option<u64>,
+    dtype: DataType,
+    shape: Vec<usize>,
+) -> Result<Tensor, PipelineError> {
+    let mut bytes = vec![0u8; byte_len(&shape, dtype)];
+    comm.recv_bytes(&mut bytes, peer, link.tag)
+        .map_err(|e| channel_error(link, due, e))?;
+    Tensor::from_bytes(dtype, shape, &bytes).map_err(|source| PipelineError::Tensor {
+        name: link.name.clone(),
+        source,
+    })
+}
+
+/// A device tensor, after its header: allocated and received by the
+/// channel (which must move device memory: a host channel's peer never
+/// sends one, so one arriving there is a protocol error).
+fn receive_device<B: Channel>(
+    link: &Link,
+    comm: &mut B,
+    peer: usize,
+    due: Option<u64>,
+    dtype: DataType,
+    shape: Vec<usize>,
+) -> Result<Payload, PipelineError> {
+    if !comm.moves_device() {
+        return Err(protocol(
+            link,
+            format!("a device tensor of shape {shape:?} arrived on a channel of host memory"),
+        ));
+    }
+    #[cfg(feature = "nccl")]
+    {
+        comm.recv_device(dtype, shape, peer)
+            .map(Payload::Device)
+            .map_err(|e| channel_error(link, due, e))
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = (peer, due, dtype);
+        Err(protocol(
+            link,
+            "a device tensor arrived, but kolo-pipeline was built without the nccl feature".into(),
+        ))
+    }
+}
+
 /// An ack receiver helper (forward-only, producer side).
-fn receive_acks<B: Collectives>(state: &LinkState, Endpoint { mut comm, peer }: Endpoint<B>) {
+fn receive_acks<B: Channel>(state: &LinkState, Endpoint { mut comm, peer }: Endpoint<B>) {
     let link = &state.link;
     for n in 0..link.expected {
         let due = link.nth(n);
@@ -246,7 +334,7 @@ fn receive_acks<B: Collectives>(state: &LinkState, Endpoint { mut comm, peer }: 
 }
 
 /// An ack sender helper (forward-only, consumer side).
-fn send_acks<B: Collectives>(
+fn send_acks<B: Channel>(
     core: &Core,
     state: &LinkState,
     Endpoint { mut comm, peer }: Endpoint<B>,
@@ -258,7 +346,7 @@ fn send_acks<B: Collectives>(
             send_abort(core, state, &mut comm, peer);
             return;
         };
-        if let Err(e) = comm.send(&Header::Ack { minibatch }.encode(), peer, link.tag) {
+        if let Err(e) = comm.send_bytes(&Header::Ack { minibatch }.encode(), peer, link.tag) {
             state.fail(channel_error(link, Some(minibatch), e));
             return;
         }
@@ -266,26 +354,26 @@ fn send_acks<B: Collectives>(
 }
 
 /// Receives one header; an abort becomes the peer's failure.
-fn receive_header<B: Collectives>(
+fn receive_header<B: Channel>(
     link: &Link,
     comm: &mut B,
     peer: usize,
     due: Option<u64>,
 ) -> Result<Header, PipelineError> {
     let mut bytes = [0u8; HEADER_LEN];
-    comm.recv(&mut bytes, peer, link.tag)
+    comm.recv_bytes(&mut bytes, peer, link.tag)
         .map_err(|e| channel_error(link, due, e))?;
     let header = Header::decode(&bytes).map_err(|m| protocol(link, m))?;
     if let Header::Abort { reason_len } = header {
         let mut reason = vec![0u8; reason_len];
-        comm.recv(&mut reason, peer, link.tag)
+        comm.recv_bytes(&mut reason, peer, link.tag)
             .map_err(|e| channel_error(link, due, e))?;
         return Err(aborted(link, due, &reason));
     }
     Ok(header)
 }
 
-fn send_abort<B: Collectives>(core: &Core, state: &LinkState, comm: &mut B, peer: usize) {
+fn send_abort<B: Channel>(core: &Core, state: &LinkState, comm: &mut B, peer: usize) {
     let reason = reason_bytes(&core.abort_reason());
     let header = Header::Abort {
         reason_len: reason.len(),
@@ -293,8 +381,8 @@ fn send_abort<B: Collectives>(core: &Core, state: &LinkState, comm: &mut B, peer
     .encode();
     // Best effort: the peer may be gone already.
     let _ = comm
-        .send(&header, peer, state.link.tag)
-        .and_then(|()| comm.send(&reason, peer, state.link.tag));
+        .send_bytes(&header, peer, state.link.tag)
+        .and_then(|()| comm.send_bytes(&reason, peer, state.link.tag));
 }
 
 /// A backend error on a helper's channel. The channel's communicator

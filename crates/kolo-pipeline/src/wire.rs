@@ -7,14 +7,17 @@
 //! dtype (u8, index in [`DataType::ALL`]), ndim (u8), one zero byte,
 //! minibatch (u64), then [`MAX_DIMS`] dimensions (u64, unused ones zero).
 //!
-//! | kind   | followed by                                  |
-//! |--------|----------------------------------------------|
-//! | tensor | the tensor's bytes (product of dims × size)  |
-//! | ack    | nothing: "minibatch taken"                    |
-//! | abort  | `dims[0]` bytes of UTF-8 reason               |
+//! | kind          | followed by                                  |
+//! |---------------|----------------------------------------------|
+//! | tensor        | the tensor's bytes (product of dims × size)  |
+//! | device tensor | the same bytes, moved device to device by the |
+//! |               | channel (NCCL); at least one element          |
+//! | ack           | nothing: "minibatch taken"                    |
+//! | abort         | `dims[0]` bytes of UTF-8 reason               |
 
 use crate::tensor::{element_count, MAX_DIMS};
 use kolo_protocol::DataType;
+use kolo_transport::MemoryKind;
 
 /// Bytes in every header.
 pub(crate) const HEADER_LEN: usize = 16 + 8 * MAX_DIMS;
@@ -25,11 +28,13 @@ pub(crate) const MAX_REASON: usize = 4096;
 /// What a message is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Header {
-    /// A tensor of `dtype` and `shape` for `minibatch` follows.
+    /// A tensor of `dtype` and `shape` for `minibatch` follows, in host
+    /// or device memory.
     Tensor {
         dtype: DataType,
         shape: Vec<usize>,
         minibatch: u64,
+        memory: MemoryKind,
     },
     /// The receiver took `minibatch`.
     Ack { minibatch: u64 },
@@ -40,6 +45,7 @@ pub(crate) enum Header {
 const KIND_TENSOR: u8 = 0;
 const KIND_ACK: u8 = 1;
 const KIND_ABORT: u8 = 2;
+const KIND_DEVICE_TENSOR: u8 = 3;
 
 impl Header {
     /// The header's bytes. Shapes come from [`crate::Tensor`], which holds
@@ -52,8 +58,12 @@ impl Header {
                 dtype,
                 shape,
                 minibatch,
+                memory,
             } => (
-                KIND_TENSOR,
+                match memory {
+                    MemoryKind::Host => KIND_TENSOR,
+                    MemoryKind::Cuda => KIND_DEVICE_TENSOR,
+                },
                 dtype_code(*dtype),
                 *minibatch,
                 shape.iter().map(|&d| d as u64).collect(),
@@ -99,7 +109,7 @@ impl Header {
         }
         let dims: Vec<u64> = (0..ndim).map(|i| word(16 + 8 * i)).collect();
         match bytes[4] {
-            KIND_TENSOR => {
+            kind @ (KIND_TENSOR | KIND_DEVICE_TENSOR) => {
                 let dtype = DataType::ALL
                     .get(bytes[5] as usize)
                     .copied()
@@ -108,11 +118,23 @@ impl Header {
                     .iter()
                     .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} too large")))
                     .collect::<Result<Vec<usize>, String>>()?;
-                element_count(&shape, dtype).map_err(|e| e.to_string())?;
+                let count = element_count(&shape, dtype).map_err(|e| e.to_string())?;
+                let memory = if kind == KIND_TENSOR {
+                    MemoryKind::Host
+                } else {
+                    MemoryKind::Cuda
+                };
+                if memory == MemoryKind::Cuda && count == 0 {
+                    return Err(format!(
+                        "a device tensor header of shape {shape:?} (device tensors hold at \
+                         least one element)"
+                    ));
+                }
                 Ok(Header::Tensor {
                     dtype,
                     shape,
                     minibatch,
+                    memory,
                 })
             }
             KIND_ACK => Ok(Header::Ack { minibatch }),
@@ -159,8 +181,29 @@ mod tests {
             shape in proptest::collection::vec(0usize..64, 0..=MAX_DIMS),
             minibatch in any::<u64>(),
         ) {
-            let h = Header::Tensor { dtype, shape, minibatch };
+            let h = Header::Tensor { dtype, shape, minibatch, memory: MemoryKind::Host };
             prop_assert_eq!(Header::decode(&h.encode()), Ok(h));
+        }
+
+        /// Device tensors keep their memory kind through the header, and
+        /// differ from host tensors in the kind byte only; one without
+        /// elements is refused.
+        #[test]
+        fn device_tensor_headers_round_trip(
+            dtype in any_dtype(),
+            shape in proptest::collection::vec(0usize..64, 0..=MAX_DIMS),
+            minibatch in any::<u64>(),
+        ) {
+            let device = Header::Tensor { dtype, shape: shape.clone(), minibatch, memory: MemoryKind::Cuda };
+            let host = Header::Tensor { dtype, shape: shape.clone(), minibatch, memory: MemoryKind::Host };
+            let (d, h) = (device.encode(), host.encode());
+            prop_assert_eq!(d[4], KIND_DEVICE_TENSOR);
+            prop_assert!(d.iter().zip(h.iter()).enumerate().all(|(i, (a, b))| i == 4 || a == b));
+            if shape.iter().product::<usize>() == 0 {
+                prop_assert!(Header::decode(&d).unwrap_err().contains("at least one element"));
+            } else {
+                prop_assert_eq!(Header::decode(&d), Ok(device));
+            }
         }
 
         #[test]
@@ -197,6 +240,7 @@ mod tests {
             dtype: DataType::F32,
             shape: vec![2],
             minibatch: 0,
+            memory: MemoryKind::Host,
         }
         .encode();
         h[16..24].copy_from_slice(&u64::MAX.to_le_bytes());

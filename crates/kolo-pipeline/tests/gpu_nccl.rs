@@ -5,7 +5,10 @@
 //!
 //! Widths 1, 1 and 1, 2, 1: training runs of 12 and 7 minibatches, a
 //! forward-only run with acks, tensors of 8 to 24 MiB, and (1, 2, 1) a
-//! failing stage whose neighbours must fail naming it. One `PASS` or
+//! failing stage whose neighbours must fail naming it. Then device tensors
+//! (`send_device` / `recv_device`) on widths 1, 1: f32 and i32 GPU to GPU
+//! forward and back, shapes that change per minibatch, one of 8 MiB
+//! (`gpu_device`). One `PASS` or
 //! `FAIL` line per check; widths with more ranks than GPUs are attempted
 //! and, when NCCL (or kolo-nccl, which checks first) refuses two ranks of
 //! a channel on one GPU, reported as `SKIP` with the refusal. Every check
@@ -15,9 +18,12 @@
 //! Build: `cargo test --release -p kolo-pipeline --features nccl --test
 //! gpu_nccl --no-run`; run the printed executable (or `cargo test
 //! --release -p kolo-pipeline --features nccl --test gpu_nccl`). It sets
-//! `NCCL_NVLS_ENABLE=0` unless the environment says otherwise.
+//! `NCCL_NVLS_ENABLE=0` unless the environment says otherwise. An argument
+//! runs only the checks whose name contains it (`gpu_nccl device`: the
+//! device-tensor check alone).
 
 mod common;
+mod gpu_device;
 
 use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Report, TestError};
 use kolo_nccl::NcclOptions;
@@ -34,7 +40,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What one check gives: passed, skipped (why), or failed (why).
-enum Outcome {
+pub enum Outcome {
     Pass(String),
     Skip(String),
     Fail(String),
@@ -91,23 +97,19 @@ fn main() -> ExitCode {
         }
         for (label, check) in checks {
             let name = format!("nccl widths {widths:?} {label}");
-            let started = Instant::now();
-            match bounded(check) {
-                Outcome::Pass(note) => println!(
-                    "PASS {name} ({:.1} s){note}",
-                    started.elapsed().as_secs_f64()
-                ),
-                Outcome::Skip(why) => {
-                    println!("SKIP {name}: {why}");
-                    // The same refusal for every run of these widths.
-                    break;
-                }
-                Outcome::Fail(why) => {
-                    failed += 1;
-                    println!("FAIL {name}: {why}");
-                }
+            match run_check(&name, check) {
+                Outcome::Skip(_) => break, // The same refusal for every run of these widths.
+                Outcome::Fail(_) => failed += 1,
+                Outcome::Pass(_) => {}
             }
         }
+    }
+    let device = run_check(
+        "nccl widths [1, 1] device_tensors_f32_i32_up_to_8_MiB",
+        Box::new(move || gpu_device::device_run(gpus)),
+    );
+    if let Outcome::Fail(_) = device {
+        failed += 1;
     }
     if failed > 0 {
         println!("gpu_nccl: {failed} check(s) FAILED");
@@ -115,6 +117,27 @@ fn main() -> ExitCode {
     }
     println!("gpu_nccl: all checks passed");
     ExitCode::SUCCESS
+}
+
+/// Runs `check` under the watchdog and prints its `PASS` / `SKIP` /
+/// `FAIL` line; returns its outcome.
+fn run_check(name: &str, check: Box<dyn FnOnce() -> Outcome + Send>) -> Outcome {
+    if let Some(filter) = std::env::args().nth(1) {
+        if !name.contains(&filter) {
+            return Outcome::Pass(String::new());
+        }
+    }
+    let started = Instant::now();
+    let outcome = bounded(check);
+    match &outcome {
+        Outcome::Pass(note) => println!(
+            "PASS {name} ({:.1} s){note}",
+            started.elapsed().as_secs_f64()
+        ),
+        Outcome::Skip(why) => println!("SKIP {name}: {why}"),
+        Outcome::Fail(why) => println!("FAIL {name}: {why}"),
+    }
+    outcome
 }
 
 /// Runs `check` on a thread of its own; one that outlives
@@ -175,7 +198,7 @@ fn channels(
 
 /// Runs `f` on every rank (a thread each) over NCCL channels: finished on
 /// `Ok`, aborted with the error otherwise. Returns every rank's result.
-fn run_ranks<R: Send>(
+pub fn run_ranks<R: Send>(
     spec: &PipelineSpec,
     options: Options,
     gpus: usize,

@@ -452,3 +452,40 @@ fn start_needs_the_channels_of_its_run() {
         "{err}"
     );
 }
+
+/// Without NCCL channels a device tensor is refused before anything moves
+/// (no GPU needed to ask): the error names the tensor, the direction and
+/// the channel's ranks, sender first, on both ends; host tensors then move
+/// as always.
+#[test]
+fn device_tensors_are_refused_off_nccl_naming_the_channel() {
+    for engine in ENGINES {
+        let spec = spec_for(&[1, 1]);
+        let reports = run(engine, &spec, Options::training(2), |pipe| {
+            let rank = pipe.plan().rank();
+            for (direction, sender, receiver) in
+                [(Direction::Forward, 0, 1), (Direction::Backward, 1, 0)]
+            {
+                let err = match pipe.check_device("h1", 0, direction) {
+                    Err(e @ PipelineError::DeviceUnsupported { .. }) => e.to_string(),
+                    other => return Err(TestError(format!("rank {rank}: {other:?}"))),
+                };
+                let channel = format!("channel from rank {sender} to rank {receiver}");
+                let why = if engine == Engine::Serial {
+                    "serial engine"
+                } else {
+                    "only NCCL channels"
+                };
+                if !err.starts_with(&format!("tensor 'h1' {direction}"))
+                    || !err.contains(&channel)
+                    || !err.contains(why)
+                {
+                    return Err(TestError(format!("{engine:?} rank {rank}: {err}")));
+                }
+            }
+            run_stage(pipe, &())
+        })
+        .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
+        check_totals(&[1, 1], 2, false, &reports);
+    }
+}

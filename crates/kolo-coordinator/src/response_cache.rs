@@ -12,7 +12,7 @@
 //! what a later request on that rank must equal to hit.
 
 use kolo_protocol::{Request, Response};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 /// What [`ResponseCache::lookup`] found for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +45,11 @@ struct Entry {
 pub struct ResponseCache {
     slots: Vec<Option<Entry>>,
     by_name: HashMap<String, usize>,
+    /// The empty slots, lowest first.
+    free: BTreeSet<usize>,
+    /// `(last_used, slot)` of every occupied slot: the first is the least
+    /// recently used (O(log n) eviction instead of a scan of every slot).
+    lru: BTreeSet<(u64, usize)>,
     clock: u64,
 }
 
@@ -71,6 +76,8 @@ impl ResponseCache {
         ResponseCache {
             slots: vec![None; capacity],
             by_name: HashMap::new(),
+            free: (0..capacity).collect(),
+            lru: BTreeSet::new(),
             clock: 0,
         }
     }
@@ -133,6 +140,8 @@ impl ResponseCache {
         self.clock += 1;
         let clock = self.clock;
         if let Some(Some(entry)) = self.slots.get_mut(slot) {
+            self.lru.remove(&(entry.last_used, slot));
+            self.lru.insert((clock, slot));
             entry.last_used = clock;
         }
     }
@@ -151,12 +160,17 @@ impl ResponseCache {
         }
         let slot = match self.by_name.get(name) {
             Some(&slot) => slot,
-            None => match self.slots.iter().position(Option::is_none) {
+            None => match self.free.first().copied() {
                 Some(free) => free,
                 None => self.evict_lru()?,
             },
         };
         self.clock += 1;
+        self.free.remove(&slot);
+        if let Some(Some(old)) = self.slots.get(slot) {
+            self.lru.remove(&(old.last_used, slot));
+        }
+        self.lru.insert((self.clock, slot));
         self.by_name.insert(name.to_owned(), slot);
         self.slots[slot] = Some(Entry {
             name: name.to_owned(),
@@ -172,19 +186,15 @@ impl ResponseCache {
     pub fn erase(&mut self, slot: usize) {
         if let Some(entry) = self.slots.get_mut(slot).and_then(Option::take) {
             self.by_name.remove(&entry.name);
+            self.lru.remove(&(entry.last_used, slot));
+            self.free.insert(slot);
         }
     }
 
     /// Empties the least recently used slot (lowest slot on a tie) and
     /// returns it.
     fn evict_lru(&mut self) -> Option<usize> {
-        let slot = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, entry)| entry.as_ref().map(|e| (e.last_used, i)))
-            .min()?
-            .1;
+        let (_, slot) = self.lru.first().copied()?;
         self.erase(slot);
         Some(slot)
     }
@@ -272,6 +282,60 @@ mod tests {
         /// with the agreed responses) assign the same slots, whatever the
         /// per-rank parameters are; the name index always agrees with the
         /// slots and the capacity is never exceeded.
+        #[test]
+        fn slots_match_a_scanning_reference(ops in prop::collection::vec(op(), 0..120), cap in 0usize..6) {
+            // The reference: lowest free slot by a scan, else the least
+            // recently used by a scan (lowest slot on a tie).
+            let mut reference: Vec<Option<(String, u64)>> = vec![None; cap];
+            let mut clock = 0u64;
+            let mut cache = ResponseCache::new(cap);
+            for op in ops {
+                match op {
+                    Op::Insert(n) => {
+                        let name = format!("t{n}");
+                        let expected = if cap == 0 {
+                            None
+                        } else {
+                            let slot = reference
+                                .iter()
+                                .position(|e| e.as_ref().is_some_and(|(m, _)| *m == name))
+                                .or_else(|| reference.iter().position(Option::is_none))
+                                .or_else(|| {
+                                    reference
+                                        .iter()
+                                        .enumerate()
+                                        .filter_map(|(i, e)| e.as_ref().map(|(_, t)| (*t, i)))
+                                        .min()
+                                        .map(|(_, i)| i)
+                                });
+                            if let Some(slot) = slot {
+                                clock += 1;
+                                reference[slot] = Some((name.clone(), clock));
+                            }
+                            slot
+                        };
+                        prop_assert_eq!(cache.insert(&name, resp(&name), None), expected);
+                    }
+                    Op::Touch(s) => {
+                        clock += 1;
+                        if let Some(Some((_, t))) = reference.get_mut(s) {
+                            *t = clock;
+                        }
+                        cache.touch(s);
+                    }
+                    Op::Erase(s) => {
+                        if let Some(e) = reference.get_mut(s) {
+                            *e = None;
+                        }
+                        cache.erase(s);
+                    }
+                }
+                for (slot, entry) in reference.iter().enumerate() {
+                    prop_assert_eq!(cache.name(slot), entry.as_ref().map(|(m, _)| m.as_str()));
+                }
+            }
+        }
+
         #[test]
         fn same_sequence_same_slots(ops in prop::collection::vec(op(), 0..80), cap in 0usize..6) {
             let mut a = ResponseCache::new(cap);

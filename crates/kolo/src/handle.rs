@@ -12,8 +12,16 @@ use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// How long [`Completion::wait`] yields the CPU while polling before it
+/// sleeps on the condition variable. The engine completes the tensors of a
+/// fused operation one after another within microseconds: a waiter that
+/// slept on each would pay a futex wake-up and a context switch per tensor.
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 /// The engine's result for one tensor: its output buffer, type-erased.
 pub(crate) type Payload = Box<dyn Any + Send>;
@@ -22,6 +30,8 @@ pub(crate) type Payload = Box<dyn Any + Send>;
 pub(crate) struct Completion {
     state: Mutex<State>,
     done: Condvar,
+    /// Set (after `state`) once done: lets waiters poll without the lock.
+    finished: AtomicBool,
 }
 
 enum State {
@@ -36,6 +46,7 @@ impl Completion {
         Arc::new(Completion {
             state: Mutex::new(State::Pending(None)),
             done: Condvar::new(),
+            finished: AtomicBool::new(false),
         })
     }
 
@@ -49,6 +60,7 @@ impl Completion {
             };
             let waker = waker.take();
             *state = State::Done(result);
+            self.finished.store(true, Ordering::Release);
             waker
         };
         self.done.notify_all();
@@ -61,8 +73,13 @@ impl Completion {
         !matches!(*self.state.lock(), State::Pending(_))
     }
 
-    /// Blocks until done and takes the result.
+    /// Blocks until done and takes the result: polls (yielding the CPU)
+    /// for [`POLL_BEFORE_SLEEP`], then sleeps on the condition variable.
     fn wait(&self) -> Option<Result<Payload, Error>> {
+        let start = Instant::now();
+        while !self.finished.load(Ordering::Acquire) && start.elapsed() < POLL_BEFORE_SLEEP {
+            std::thread::yield_now();
+        }
         let mut state = self.state.lock();
         while matches!(*state, State::Pending(_)) {
             self.done.wait(&mut state);

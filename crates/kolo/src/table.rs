@@ -3,7 +3,7 @@
 use crate::error::Error;
 use crate::handle::{Completion, Payload};
 use kolo_protocol::Request;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// One tensor submitted on this rank and not yet completed.
@@ -31,11 +31,12 @@ impl Table {
         if let Some(reason) = &self.closed {
             return Err(reason.clone());
         }
-        for (i, entry) in entries.iter().enumerate() {
+        // A set of the group's names: a pairwise scan was quadratic in the
+        // group's size (half the CPU of a 1,000-tensor grouped submit).
+        let mut seen = HashSet::with_capacity(entries.len());
+        for entry in &entries {
             let name = &entry.request.tensor_name;
-            if self.entries.contains_key(name)
-                || entries[..i].iter().any(|e| &e.request.tensor_name == name)
-            {
+            if self.entries.contains_key(name) || !seen.insert(name.as_str()) {
                 return Err(Error::DuplicateName {
                     tensor: name.clone(),
                 });

@@ -4,12 +4,11 @@
 //! ([`crate::Pipeline::send_device`], [`crate::Pipeline::recv_device`]).
 
 use crate::error::TensorError;
-use crate::tensor::{element_count, Tensor};
+use crate::tensor::{checked_count, Erased, Tensor};
 use cudarc::driver::{CudaSlice, CudaStream};
 use kolo_nccl::DeviceElement;
 use kolo_protocol::DataType;
 use kolo_transport::with_element_type;
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -24,10 +23,9 @@ use std::sync::Arc;
 /// next receive may already wait for its peer), and cudarc's per-buffer
 /// events order any later use of it after the receive.
 pub struct DeviceTensor {
-    dtype: DataType,
     shape: Vec<usize>,
-    /// A `CudaSlice<T>` with `T::DTYPE == dtype` and `len == product(shape)`.
-    data: Box<dyn Any + Send + Sync>,
+    /// A `CudaSlice<T>` with `T::DTYPE == data.dtype` and `len == product(shape)`.
+    data: Erased,
 }
 
 impl DeviceTensor {
@@ -39,21 +37,12 @@ impl DeviceTensor {
         data: CudaSlice<T>,
     ) -> Result<DeviceTensor, TensorError> {
         let shape = shape.into();
-        let expected = element_count(&shape, T::DTYPE)?;
-        if expected != data.len() {
-            return Err(TensorError::Shape {
-                shape,
-                expected,
-                got: data.len(),
-            });
-        }
-        if expected == 0 {
+        if checked_count(&shape, T::DTYPE, data.len())? == 0 {
             return Err(TensorError::EmptyDevice { shape });
         }
         Ok(DeviceTensor {
-            dtype: T::DTYPE,
             shape,
-            data: Box::new(data),
+            data: Erased::new(T::DTYPE, data),
         })
     }
 
@@ -74,7 +63,7 @@ impl DeviceTensor {
     /// A host copy of the tensor, made on the slice's own stream (which
     /// waits, through cudarc's events, for the buffer's last writes).
     pub fn to_host(&self) -> Result<Tensor, TensorError> {
-        with_element_type!(self.dtype, T => {
+        with_element_type!(self.dtype(), T => {
             let slice = self.as_slice::<T>()?;
             let data = slice
                 .stream()
@@ -86,7 +75,7 @@ impl DeviceTensor {
 
     /// The element type.
     pub fn dtype(&self) -> DataType {
-        self.dtype
+        self.data.dtype
     }
 
     /// The shape.
@@ -106,49 +95,31 @@ impl DeviceTensor {
 
     /// The GPU (CUDA ordinal) the elements live on.
     pub fn ordinal(&self) -> usize {
-        with_element_type!(self.dtype, T => {
+        with_element_type!(self.dtype(), T => {
             self.as_slice::<T>().map_or(0, |s| s.stream().context().ordinal())
         })
     }
 
     /// The elements, if they are `T`s.
     pub fn as_slice<T: DeviceElement>(&self) -> Result<&CudaSlice<T>, TensorError> {
-        self.data
-            .downcast_ref::<CudaSlice<T>>()
-            .ok_or(TensorError::DType {
-                holds: self.dtype,
-                requested: T::DTYPE,
-            })
+        self.data.get::<CudaSlice<T>>(T::DTYPE)
     }
 
     /// The elements, mutably, if they are `T`s.
     pub fn as_mut_slice<T: DeviceElement>(&mut self) -> Result<&mut CudaSlice<T>, TensorError> {
-        let holds = self.dtype;
-        self.data
-            .downcast_mut::<CudaSlice<T>>()
-            .ok_or(TensorError::DType {
-                holds,
-                requested: T::DTYPE,
-            })
+        self.data.get_mut::<CudaSlice<T>>(T::DTYPE)
     }
 
     /// The elements' slice (no copy), if they are `T`s.
     pub fn into_slice<T: DeviceElement>(self) -> Result<CudaSlice<T>, TensorError> {
-        let holds = self.dtype;
-        self.data
-            .downcast::<CudaSlice<T>>()
-            .map(|s| *s)
-            .map_err(|_| TensorError::DType {
-                holds,
-                requested: T::DTYPE,
-            })
+        self.data.take::<CudaSlice<T>>(T::DTYPE)
     }
 }
 
 impl fmt::Debug for DeviceTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceTensor")
-            .field("dtype", &self.dtype)
+            .field("dtype", &self.dtype())
             .field("shape", &self.shape)
             .field("gpu", &self.ordinal())
             .finish_non_exhaustive()

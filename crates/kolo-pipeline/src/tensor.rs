@@ -27,10 +27,9 @@ pub const MAX_DIMS: usize = 8;
 /// # Ok::<(), kolo_pipeline::TensorError>(())
 /// ```
 pub struct Tensor {
-    dtype: DataType,
     shape: Vec<usize>,
-    /// A `Vec<T>` with `T::DTYPE == dtype` and `len == product(shape)`.
-    data: Box<dyn Any + Send + Sync>,
+    /// A `Vec<T>` with `T::DTYPE == data.dtype` and `len == product(shape)`.
+    data: Erased,
 }
 
 impl Tensor {
@@ -42,18 +41,10 @@ impl Tensor {
         data: Vec<T>,
     ) -> Result<Tensor, TensorError> {
         let shape = shape.into();
-        let expected = element_count(&shape, T::DTYPE)?;
-        if expected != data.len() {
-            return Err(TensorError::Shape {
-                shape,
-                expected,
-                got: data.len(),
-            });
-        }
+        checked_count(&shape, T::DTYPE, data.len())?;
         Ok(Tensor {
-            dtype: T::DTYPE,
             shape,
-            data: Box::new(data),
+            data: Erased::new(T::DTYPE, data),
         })
     }
 
@@ -77,13 +68,13 @@ impl Tensor {
             let mut data = vec![T::default(); count];
             byte_view::copy_from_bytes(&mut data, bytes)
                 .map_err(|e| TensorError::Bytes(e.to_string()))?;
-            Ok(Tensor { dtype, shape, data: Box::new(data) })
+            Ok(Tensor { shape, data: Erased::new(dtype, data) })
         })
     }
 
     /// The element type.
     pub fn dtype(&self) -> DataType {
-        self.dtype
+        self.data.dtype
     }
 
     /// The shape.
@@ -103,46 +94,24 @@ impl Tensor {
 
     /// The elements, if they are `T`s.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
-        self.data
-            .downcast_ref::<Vec<T>>()
-            .map(Vec::as_slice)
-            .ok_or(TensorError::DType {
-                holds: self.dtype,
-                requested: T::DTYPE,
-            })
+        self.data.get::<Vec<T>>(T::DTYPE).map(Vec::as_slice)
     }
 
     /// The elements, mutably, if they are `T`s.
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
-        let holds = self.dtype;
-        self.data
-            .downcast_mut::<Vec<T>>()
-            .map(Vec::as_mut_slice)
-            .ok_or(TensorError::DType {
-                holds,
-                requested: T::DTYPE,
-            })
+        self.data.get_mut::<Vec<T>>(T::DTYPE).map(Vec::as_mut_slice)
     }
 
     /// The elements as a vector (no copy), if they are `T`s.
     pub fn into_vec<T: Element>(self) -> Result<Vec<T>, TensorError> {
-        let holds = self.dtype;
-        self.data
-            .downcast::<Vec<T>>()
-            .map(|v| *v)
-            .map_err(|_| TensorError::DType {
-                holds,
-                requested: T::DTYPE,
-            })
+        self.data.take::<Vec<T>>(T::DTYPE)
     }
 
     /// The elements' bytes, native endianness.
     pub fn as_bytes(&self) -> &[u8] {
-        with_element_type!(self.dtype, T => {
+        with_element_type!(self.dtype(), T => {
             // Construction guarantees `data` is a `Vec<T>` of `dtype`.
-            self.data
-                .downcast_ref::<Vec<T>>()
-                .map_or(&[][..], |v| byte_view::as_bytes(v))
+            self.as_slice::<T>().map_or(&[][..], byte_view::as_bytes)
         })
     }
 }
@@ -170,18 +139,78 @@ pub(crate) fn element_count(shape: &[usize], dtype: DataType) -> Result<usize, T
     }
 }
 
+/// `element_count(shape, dtype)`, checked against the `got` elements a
+/// buffer holds (host and device tensors alike).
+pub(crate) fn checked_count(
+    shape: &[usize],
+    dtype: DataType,
+    got: usize,
+) -> Result<usize, TensorError> {
+    let expected = element_count(shape, dtype)?;
+    if expected != got {
+        return Err(TensorError::Shape {
+            shape: shape.to_vec(),
+            expected,
+            got,
+        });
+    }
+    Ok(expected)
+}
+
+/// The buffer of a tensor, type-erased, with the dtype it was made from:
+/// `V` is `Vec<T>` for host tensors, `CudaSlice<T>` for device ones.
+pub(crate) struct Erased {
+    pub(crate) dtype: DataType,
+    data: Box<dyn Any + Send + Sync>,
+}
+
+impl Erased {
+    pub(crate) fn new<V: Any + Send + Sync>(dtype: DataType, data: V) -> Erased {
+        Erased {
+            dtype,
+            data: Box::new(data),
+        }
+    }
+
+    fn wrong(&self, requested: DataType) -> TensorError {
+        TensorError::DType {
+            holds: self.dtype,
+            requested,
+        }
+    }
+
+    /// The buffer, if it is a `V` (of element type `requested`).
+    pub(crate) fn get<V: Any>(&self, requested: DataType) -> Result<&V, TensorError> {
+        self.data
+            .downcast_ref::<V>()
+            .ok_or_else(|| self.wrong(requested))
+    }
+
+    /// The buffer, mutably, if it is a `V`.
+    pub(crate) fn get_mut<V: Any>(&mut self, requested: DataType) -> Result<&mut V, TensorError> {
+        let wrong = self.wrong(requested);
+        self.data.downcast_mut::<V>().ok_or(wrong)
+    }
+
+    /// The buffer itself, if it is a `V`.
+    pub(crate) fn take<V: Any>(self, requested: DataType) -> Result<V, TensorError> {
+        let wrong = self.wrong(requested);
+        self.data.downcast::<V>().map(|v| *v).map_err(|_| wrong)
+    }
+}
+
 impl Clone for Tensor {
     fn clone(&self) -> Self {
-        with_element_type!(self.dtype, T => {
+        with_element_type!(self.dtype(), T => {
             let data: Vec<T> = self.as_slice::<T>().map(<[T]>::to_vec).unwrap_or_default();
-            Tensor { dtype: self.dtype, shape: self.shape.clone(), data: Box::new(data) }
+            Tensor { shape: self.shape.clone(), data: Erased::new(self.dtype(), data) }
         })
     }
 }
 
 impl PartialEq for Tensor {
     fn eq(&self, other: &Self) -> bool {
-        self.dtype == other.dtype
+        self.dtype() == other.dtype()
             && self.shape == other.shape
             && self.as_bytes() == other.as_bytes()
     }
@@ -190,7 +219,7 @@ impl PartialEq for Tensor {
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tensor")
-            .field("dtype", &self.dtype)
+            .field("dtype", &self.dtype())
             .field("shape", &self.shape)
             .finish_non_exhaustive()
     }

@@ -67,6 +67,10 @@ pub struct Args {
     /// Engine mode: submit the allreduce tensors as one grouped allreduce.
     #[arg(long, requires = "engine")]
     pub grouped: bool,
+    /// Engine mode: submit the allreduce tensors inside a `Kolo::scope`,
+    /// which reduces them in place (no copy in or out of the engine).
+    #[arg(long, requires = "engine")]
+    pub scoped: bool,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then
     /// kolo's default).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "engine")]

@@ -7,7 +7,7 @@
 //! nothing but a [`Kolo`] and works on any backend the facade can start.
 
 use crate::cli::Args;
-use crate::engine_case::EngineCase;
+use crate::engine_case::{EngineCase, Submission};
 use crate::error::BenchError;
 use crate::op::BenchOp;
 use crate::plan::Plan;
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 pub struct EngineOptions {
     /// Tensors per step.
     pub tensors: usize,
-    /// Submit allreduces as one grouped allreduce.
-    pub grouped: bool,
+    /// How allreduces are submitted.
+    pub submission: Submission,
     /// `KOLO_*` from the environment, overridden by the flags.
     pub config: kolo::Config,
 }
@@ -46,7 +46,10 @@ impl EngineOptions {
         }
         Ok(EngineOptions {
             tensors: args.tensors,
-            grouped: args.grouped,
+            submission: Submission {
+                grouped: args.grouped,
+                scoped: args.scoped,
+            },
             config,
         })
     }
@@ -79,13 +82,18 @@ pub fn engine_plan(
     if ops.len() < plan.ops.len() {
         reporter.print("# sendrecv: skipped (the engine has no send/recv)")?;
     }
-    let grouped = if options.grouped {
+    let grouped = if options.submission.grouped {
         ", grouped allreduce"
     } else {
         ""
     };
+    let scoped = if options.submission.scoped {
+        ", in a scope (zero-copy)"
+    } else {
+        ""
+    };
     reporter.print(&format!(
-        "# engine: fusion threshold {} B, cycle time {:.3} ms{grouped}",
+        "# engine: fusion threshold {} B, cycle time {:.3} ms{grouped}{scoped}",
         options.config.fusion_threshold,
         options.config.cycle_time.as_secs_f64() * 1e3
     ))?;
@@ -174,7 +182,7 @@ fn sweep<T: Element>(
                 ranks,
             };
             // Every rank skips the same sizes: too small for K tensors.
-            let Some(case) = EngineCase::<T>::new(spec, rank, options.tensors, options.grouped)
+            let Some(case) = EngineCase::<T>::new(spec, rank, options.tensors, options.submission)
             else {
                 continue;
             };

@@ -38,13 +38,22 @@ fn split_mut<'a, T>(mut buf: &'a mut [T], ranges: &[Range<usize>]) -> Vec<&'a mu
     slices
 }
 
+/// How a step submits its allreduces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Submission {
+    /// One grouped allreduce instead of K separate ones.
+    pub grouped: bool,
+    /// Inside a `Kolo::scope`: the engine reduces the buffers in place.
+    pub scoped: bool,
+}
+
 /// The buffers of one rank for one spec, split into tensors.
 #[derive(Debug)]
 pub struct EngineCase<T> {
     spec: Spec,
     rank: usize,
-    /// Use one grouped allreduce instead of K separate ones.
-    grouped: bool,
+    /// How allreduces are submitted.
+    submission: Submission,
     names: Vec<String>,
     /// Tensor i's part of a rank block (of the whole buffer for allreduce
     /// and broadcast).
@@ -64,7 +73,12 @@ impl<T: Element> EngineCase<T> {
     /// Rank `rank`'s buffers for `spec` split into `tensors` tensors; `None`
     /// when a tensor would be empty (a size smaller than `tensors` elements
     /// per rank block).
-    pub fn new(spec: Spec, rank: usize, tensors: usize, grouped: bool) -> Option<EngineCase<T>> {
+    pub fn new(
+        spec: Spec,
+        rank: usize,
+        tensors: usize,
+        submission: Submission,
+    ) -> Option<EngineCase<T>> {
         let layout = spec.layout;
         let split_len = match spec.op {
             BenchOp::Allreduce | BenchOp::Broadcast | BenchOp::Sendrecv => layout.count,
@@ -98,7 +112,7 @@ impl<T: Element> EngineCase<T> {
         Some(EngineCase {
             spec,
             rank,
-            grouped,
+            submission,
             names: (0..tensors).map(|i| format!("t{i}")).collect(),
             parts,
             send,
@@ -122,7 +136,27 @@ impl<T: Element> EngineCase<T> {
     pub fn step(&mut self, kolo: &Kolo) -> Result<(), Error> {
         let op = self.spec.redop;
         match self.spec.op {
-            BenchOp::Allreduce if self.grouped => {
+            BenchOp::Allreduce if self.submission.scoped => {
+                let slices = split_mut(&mut self.recv, &self.parts);
+                let names = &self.names;
+                let grouped = self.submission.grouped;
+                kolo.scope(|s| {
+                    if grouped {
+                        let views = names
+                            .iter()
+                            .map(String::as_str)
+                            .zip(slices.into_iter().map(TensorMut::from));
+                        return s.grouped_allreduce_async(views, op)?.wait();
+                    }
+                    let handles = names
+                        .iter()
+                        .zip(slices)
+                        .map(|(name, slice)| s.allreduce_async(name, slice, op))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(handles).map(drop)
+                })
+            }
+            BenchOp::Allreduce if self.submission.grouped => {
                 let views = self.names.iter().map(String::as_str).zip(
                     split_mut(&mut self.recv, &self.parts)
                         .into_iter()

@@ -114,7 +114,7 @@ fn engine_mode_fuses_k_tensors_correctly() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let json = dir.path().join("engine.json");
     let json_arg = json.to_str().expect("a UTF-8 temporary path");
-    for grouped in [false, true] {
+    for (grouped, scoped) in [(false, false), (true, false), (false, true), (true, true)] {
         let mut args = vec![
             "--engine",
             "--tensors",
@@ -144,6 +144,9 @@ fn engine_mode_fuses_k_tensors_correctly() {
         ];
         if grouped {
             args.push("--grouped");
+        }
+        if scoped {
+            args.push("--scoped");
         }
         let out = kolo_bench(&args);
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -10,6 +10,7 @@ use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
+use crate::scope::HostView;
 use crate::table::Entry;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{Coordinator, CoordinatorError, CycleOutput, NegotiationEvent};
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 
 /// What user threads tell the background thread.
 pub(crate) enum Command {
-    /// New requests (their entries are already in the tensor table).
-    Requests(Vec<Request>),
+    /// New requests are queued in the tensor table.
+    Wake,
     /// Ask every rank to shut down.
     Shutdown,
     /// Stop at once, as failed, with this message.
@@ -182,15 +183,16 @@ impl<B: Backend> Engine<B> {
                 }
             }
         };
-        let mut requests = Vec::new();
         let mut abort = None;
         for command in first.into_iter().chain(self.commands.try_iter()) {
             match command {
-                Command::Requests(more) => requests.extend(more),
+                Command::Wake => {}
                 Command::Shutdown => self.shutdown_requested = true,
                 Command::Abort(message) => abort = Some(message),
             }
         }
+        // After the commands: a submitter queues before it sends its wake.
+        let requests = self.shared.table.lock().take_queued();
         (requests, abort)
     }
 
@@ -351,10 +353,62 @@ pub(crate) fn observer<'t>(
 /// type than the response's (a kolo bug) fails the entry and reads as
 /// absent, so that this rank still takes part in the collective.
 pub(crate) fn take_input<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<Vec<T>> {
+    match take_in_out::<T>(name, slot)? {
+        InOut::Owned(data) => Some(data),
+        InOut::Lent(_) => {
+            // Only allreduces are lent (see `crate::scope`).
+            if let Some(entry) = slot.take() {
+                entry.completion.complete(Err(Error::Collective {
+                    tensor: name.to_owned(),
+                    message: "internal: a lent tensor reached an operation other than allreduce"
+                        .into(),
+                }));
+            }
+            None
+        }
+    }
+}
+
+/// A tensor the engine works on in place: its own copy, or the caller's
+/// memory lent for a scope.
+pub(crate) enum InOut<T> {
+    Owned(Vec<T>),
+    Lent(HostView<T>),
+}
+
+impl<T> InOut<T> {
+    /// The elements.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        match self {
+            InOut::Owned(data) => data,
+            InOut::Lent(view) => view.as_mut_slice(),
+        }
+    }
+}
+
+impl<T: Send + 'static> InOut<T> {
+    /// The payload completing the tensor's handle, and what must outlive
+    /// the completion: a lent tensor's view, whose lease is returned (and
+    /// the scope released) only after the handle completed.
+    pub(crate) fn into_output(self) -> (Payload, Option<HostView<T>>) {
+        match self {
+            InOut::Owned(data) => (Box::new(data), None),
+            InOut::Lent(view) => (Box::new(()), Some(view)),
+        }
+    }
+}
+
+/// Moves the input out of `slot`, owned or lent. An input of another type
+/// than the response's (a kolo bug) fails the entry and reads as absent.
+pub(crate) fn take_in_out<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<InOut<T>> {
     let entry = slot.as_mut()?;
     let input = std::mem::replace(&mut entry.input, Box::new(()));
-    match input.downcast::<Vec<T>>() {
-        Ok(data) => Some(*data),
+    let input = match input.downcast::<Vec<T>>() {
+        Ok(data) => return Some(InOut::Owned(*data)),
+        Err(other) => other,
+    };
+    match input.downcast::<HostView<T>>() {
+        Ok(view) => Some(InOut::Lent(*view)),
         Err(_) => {
             if let Some(entry) = slot.take() {
                 entry.completion.complete(Err(Error::Collective {

@@ -266,11 +266,24 @@ impl Kolo {
         &self,
         items: Vec<(Request, Payload)>,
     ) -> Result<Vec<Arc<Completion>>, Error> {
+        self.submit_with(
+            items
+                .into_iter()
+                .map(|(request, input)| (request, input, Completion::new()))
+                .collect(),
+        )
+    }
+
+    /// [`Kolo::submit_all`] with the completions made by the caller (a
+    /// scope's lent tensors hold theirs).
+    pub(crate) fn submit_with(
+        &self,
+        items: Vec<(Request, Payload, Arc<Completion>)>,
+    ) -> Result<Vec<Arc<Completion>>, Error> {
         let mut requests = Vec::with_capacity(items.len());
         let mut entries = Vec::with_capacity(items.len());
         let mut completions = Vec::with_capacity(items.len());
-        for (request, input) in items {
-            let completion = Completion::new();
+        for (request, input, completion) in items {
             requests.push(request.clone());
             completions.push(Arc::clone(&completion));
             entries.push(Entry {
@@ -283,12 +296,15 @@ impl Kolo {
         Ok(completions)
     }
 
-    /// Puts `entries` in the tensor table and wakes the engine.
+    /// Puts `entries` in the tensor table, queues their requests and wakes
+    /// the engine if it may be asleep.
     fn enqueue(&self, entries: Vec<Entry>, requests: Vec<Request>) -> Result<(), Error> {
-        self.shared.table.lock().insert_all(entries)?;
-        // If the engine stopped since, it closed the table and failed these
-        // entries already: their handles report why.
-        let _ = self.commands.send(Command::Requests(requests));
+        let wake = self.shared.table.lock().insert_all(entries, requests)?;
+        if wake {
+            // If the engine stopped since, it closed the table and failed
+            // these entries already: their handles report why.
+            let _ = self.commands.send(Command::Wake);
+        }
         Ok(())
     }
 

@@ -16,10 +16,15 @@ pub(crate) struct Entry {
     pub completion: Arc<Completion>,
 }
 
-/// The entries in flight, and whether new ones are still accepted.
+/// The entries in flight, the requests the background thread has not
+/// taken yet, and whether new entries are still accepted.
 #[derive(Default)]
 pub(crate) struct Table {
     entries: HashMap<String, Entry>,
+    /// Requests of inserted entries, for the background thread's next
+    /// cycle. Submitters only wake the thread when this was empty: a
+    /// burst of submissions costs one wake-up, not one per tensor.
+    queued: Vec<Request>,
     /// Set once the engine stopped: why new operations are refused.
     closed: Option<Error>,
 }
@@ -27,26 +32,54 @@ pub(crate) struct Table {
 impl Table {
     /// Adds every entry, or none: fails if the engine stopped or a name is
     /// in flight (or given twice).
-    pub(crate) fn insert_all(&mut self, entries: Vec<Entry>) -> Result<(), Error> {
+    /// Queues `requests` (those of `entries`) for the background thread;
+    /// returns whether the queue was empty, i.e. whether the thread needs
+    /// waking.
+    pub(crate) fn insert_all(
+        &mut self,
+        entries: Vec<Entry>,
+        requests: Vec<Request>,
+    ) -> Result<bool, Error> {
         if let Some(reason) = &self.closed {
             return Err(reason.clone());
         }
-        // A set of the group's names: a pairwise scan was quadratic in the
-        // group's size (half the CPU of a 1,000-tensor grouped submit).
-        let mut seen = HashSet::with_capacity(entries.len());
-        for entry in &entries {
-            let name = &entry.request.tensor_name;
-            if self.entries.contains_key(name) || !seen.insert(name.as_str()) {
+        if let [entry] = entries.as_slice() {
+            // The common case, without the set.
+            if self.entries.contains_key(&entry.request.tensor_name) {
                 return Err(Error::DuplicateName {
-                    tensor: name.clone(),
+                    tensor: entry.request.tensor_name.clone(),
                 });
+            }
+        } else {
+            // A set of the group's names: a pairwise scan was quadratic in
+            // the group's size (half the CPU of a 1,000-tensor grouped
+            // submit).
+            let mut seen = HashSet::with_capacity(entries.len());
+            for entry in &entries {
+                let name = &entry.request.tensor_name;
+                if self.entries.contains_key(name) || !seen.insert(name.as_str()) {
+                    return Err(Error::DuplicateName {
+                        tensor: name.clone(),
+                    });
+                }
             }
         }
         for entry in entries {
             self.entries
                 .insert(entry.request.tensor_name.clone(), entry);
         }
-        Ok(())
+        let wake = self.queued.is_empty();
+        if wake {
+            self.queued = requests;
+        } else {
+            self.queued.extend(requests);
+        }
+        Ok(wake)
+    }
+
+    /// Takes the queued requests, in submission order.
+    pub(crate) fn take_queued(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.queued)
     }
 
     /// Removes and returns the entry of `name`, if in flight.
@@ -73,35 +106,69 @@ mod tests {
     use super::*;
     use kolo_protocol::{DataType, RequestKind};
 
+    fn request(name: &str) -> Request {
+        Request::new(0, name, RequestKind::Allreduce, DataType::F32, vec![1])
+    }
+
     fn entry(name: &str) -> Entry {
         Entry {
-            request: Request::new(0, name, RequestKind::Allreduce, DataType::F32, vec![1]),
+            request: request(name),
             input: Box::new(vec![0f32]),
             completion: Completion::new(),
         }
     }
 
+    fn insert(table: &mut Table, names: &[&str]) -> Result<bool, Error> {
+        let entries = names.iter().map(|n| entry(n)).collect();
+        let requests = names.iter().map(|n| request(n)).collect();
+        table.insert_all(entries, requests)
+    }
+
     #[test]
     fn names_in_flight_are_unique() {
         let mut table = Table::default();
-        table.insert_all(vec![entry("a")]).unwrap();
+        insert(&mut table, &["a"]).unwrap();
         assert_eq!(
-            table.insert_all(vec![entry("b"), entry("a")]).err(),
+            insert(&mut table, &["b", "a"]).err(),
             Some(Error::DuplicateName { tensor: "a".into() })
         );
         assert!(table.take("b").is_none(), "a failed group inserts nothing");
         assert_eq!(
-            table.insert_all(vec![entry("c"), entry("c")]).err(),
+            insert(&mut table, &["c", "c"]).err(),
             Some(Error::DuplicateName { tensor: "c".into() })
         );
+        assert_eq!(
+            insert(&mut table, &["a"]).err(),
+            Some(Error::DuplicateName { tensor: "a".into() })
+        );
         assert!(table.take("a").is_some());
-        table.insert_all(vec![entry("a")]).unwrap();
+        insert(&mut table, &["a"]).unwrap();
+    }
+
+    #[test]
+    fn only_the_first_submission_after_a_take_wakes_the_engine() {
+        let mut table = Table::default();
+        assert_eq!(insert(&mut table, &["a"]), Ok(true));
+        assert_eq!(insert(&mut table, &["b", "c"]), Ok(false));
+        assert_eq!(
+            insert(&mut table, &["b"]).ok(),
+            None,
+            "a refused submission queues nothing"
+        );
+        let names: Vec<String> = table
+            .take_queued()
+            .into_iter()
+            .map(|r| r.tensor_name)
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(table.take_queued().is_empty());
+        assert_eq!(insert(&mut table, &["d"]), Ok(true));
     }
 
     #[test]
     fn closing_refuses_and_drains() {
         let mut table = Table::default();
-        table.insert_all(vec![entry("a"), entry("b")]).unwrap();
+        insert(&mut table, &["a", "b"]).unwrap();
         let drained = table.close(Error::ShutDown { by_ranks: vec![1] });
         assert_eq!(drained.len(), 2);
         assert!(table
@@ -109,7 +176,7 @@ mod tests {
             .is_empty());
         assert_eq!(table.closed(), Some(&Error::ShutDown { by_ranks: vec![1] }));
         assert_eq!(
-            table.insert_all(vec![entry("c")]).err(),
+            insert(&mut table, &["c"]).err(),
             Some(Error::ShutDown { by_ranks: vec![1] })
         );
     }

@@ -18,7 +18,9 @@ impl Kolo {
         buf: impl Into<TensorMut<'t, T>>,
         options: impl Into<ReduceOptions>,
     ) -> Result<(), Error> {
-        self.allreduce_async(name, buf, options)?.wait()
+        // Blocking: the engine reduces `buf` in place, without a copy.
+        let (buf, options) = (buf.into(), options.into());
+        self.scope(|s| s.allreduce_async(name, buf, options)?.wait())
     }
 
     /// Submits an allreduce of `buf`; the handle writes the result into
@@ -92,11 +94,14 @@ impl Kolo {
         tensors: &mut [(&str, &mut [T])],
         options: impl Into<ReduceOptions>,
     ) -> Result<(), Error> {
-        let views: Vec<(&str, TensorMut<'_, T>)> = tensors
-            .iter_mut()
-            .map(|(name, buf)| (*name, TensorMut::from(&mut **buf)))
-            .collect();
-        self.grouped_allreduce_async(views, options)?.wait()
+        // Blocking: the engine reduces the buffers in place, without a copy.
+        let options = options.into();
+        self.scope(|s| {
+            let views = tensors
+                .iter_mut()
+                .map(|(name, buf)| (*name, TensorMut::from(&mut **buf)));
+            s.grouped_allreduce_async(views, options)?.wait()
+        })
     }
 
     /// [`Kolo::grouped_allreduce`] without blocking: one handle for the
@@ -199,7 +204,8 @@ impl Kolo {
         ))
     }
 
-    fn reduce_request(
+    /// The request of a reduction of `name` with `options`.
+    pub(crate) fn reduce_request(
         &self,
         name: &str,
         kind: RequestKind,

@@ -1,7 +1,7 @@
 //! Allreduce and reduce-scatter, fused through kolo-fusion.
 
 use super::device_of;
-use crate::background::{observer, take_input, to_usize, Engine};
+use crate::background::{observer, take_in_out, take_input, to_usize, Engine, InOut};
 use crate::error::Error;
 use crate::handle::Payload;
 use crate::split::{row_elems, split_rows};
@@ -40,13 +40,16 @@ impl<B: Backend> Engine<B> {
     ) {
         let op = response.reduce_op;
         let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
-        let mut bufs: Vec<Vec<T>> = Vec::with_capacity(names.len());
+        let mut bufs: Vec<InOut<T>> = Vec::with_capacity(names.len());
         for (i, (name, slot)) in names.iter().zip(&mut slots).enumerate() {
             let size = to_usize(response.tensor_sizes.get(i).copied().unwrap_or(0));
-            bufs.push(take_input::<T>(name, slot).unwrap_or_else(|| vec![T::identity(op); size]));
+            bufs.push(
+                take_in_out::<T>(name, slot)
+                    .unwrap_or_else(|| InOut::Owned(vec![T::identity(op); size])),
+            );
         }
         let device = device_of(&slots);
-        let mut views: Vec<&mut [T]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        let mut views: Vec<&mut [T]> = bufs.iter_mut().map(InOut::as_mut_slice).collect();
         let result = kolo_fusion::fused_allreduce(
             &mut self.backend,
             &mut self.buffers,
@@ -56,15 +59,19 @@ impl<B: Backend> Engine<B> {
             scale_of(response),
             &mut observer(&self.timeline, &names, activity::ALLREDUCE),
         );
-        for ((name, slot), buf) in names.iter().zip(slots).zip(bufs) {
-            let shape = slot
-                .as_ref()
-                .map_or_else(|| vec![buf.len() as u64], |e| e.request.shape.clone());
+        for ((i, (name, slot)), buf) in names.iter().zip(slots).enumerate().zip(bufs) {
+            let shape = slot.as_ref().map_or_else(
+                || vec![response.tensor_sizes.get(i).copied().unwrap_or(0)],
+                |e| e.request.shape.clone(),
+            );
+            let (payload, lent) = buf.into_output();
             let outcome = match &result {
-                Ok(()) => Ok(Box::new(buf) as Payload),
+                Ok(()) => Ok(payload),
                 Err(e) => Err(Error::collective(name, e.clone())),
             };
             self.finish(name, slot, outcome, response.dtype, &shape);
+            // A lent tensor goes back to its scope only now, completed.
+            drop(lent);
         }
     }
 

@@ -1,0 +1,348 @@
+//! Zero-copy host collectives: inside a [`Scope`] (like
+//! `std::thread::scope`), the engine reduces the caller's buffers in place.
+//!
+//! The plain `*_async` calls copy their input into the engine and the
+//! result back, because safe Rust cannot rely on a handle being dropped
+//! (it may be leaked) and the engine must never write into memory that is
+//! gone. A scope ties the borrow to itself instead: [`Kolo::scope`] returns
+//! only once the engine is done with every tensor submitted in it, whatever
+//! became of the handles, so the engine can work on the caller's memory
+//! directly — the fusion buffer is packed from it and unpacked into it.
+//! The blocking [`Kolo::allreduce`] and [`Kolo::grouped_allreduce`] run in
+//! a scope of their own.
+
+use crate::engine::Kolo;
+use crate::error::Error;
+use crate::handle::{Completion, Handle, Payload};
+use crate::lease::{Lease, Leases};
+use crate::ops::ReduceOptions;
+use crate::tensor::{shape_problem, TensorMut};
+use kolo_protocol::{Request, RequestKind};
+use kolo_transport::Element;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A scope for zero-copy collectives on host tensors (see
+/// [`Kolo::scope`]): tensors borrowed for `'scope` may be submitted, and
+/// the scope does not end before the engine is done with all of them.
+pub struct Scope<'scope, 'env: 'scope> {
+    kolo: &'env Kolo,
+    leases: Arc<Leases>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl std::fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope")
+            .field("rank", &self.kolo.rank())
+            .finish()
+    }
+}
+
+/// A caller's tensor lent to the engine for a scope: the engine reads and
+/// writes it in place. Dropping it returns the lease — after the engine's
+/// last access — and, if the engine never completed the tensor (its thread
+/// unwound), fails the tensor's handle instead of leaving it pending.
+pub(crate) struct HostView<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    completion: Arc<Completion>,
+    /// The engine's rank, for the error of a tensor dropped unperformed.
+    rank: usize,
+    _lease: Lease,
+}
+
+// SAFETY: a `HostView<T>` stands for the `&'scope mut [T]` it was made
+// from, which the scope keeps borrowed (nothing else can reach the memory)
+// until every lease is back; moving that exclusive access to the engine's
+// thread is sound when `T` itself may move between threads.
+unsafe impl<T: Send> Send for HostView<T> {}
+
+impl<T> HostView<T> {
+    /// The lent elements.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: `ptr` and `len` come from a live `&'scope mut [T]`; the
+        // scope does not end (so the memory stays valid and unaliased)
+        // before this view, which holds its lease, is dropped, and `&mut
+        // self` makes this the only access through the view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for HostView<T> {
+    fn drop(&mut self) {
+        // A no-op when the engine completed the tensor (the first result
+        // stays).
+        self.completion.complete(Err(Error::RankFailed {
+            rank: self.rank,
+            message: "the engine dropped a tensor without performing it".into(),
+        }));
+    }
+}
+
+impl Kolo {
+    /// Runs `f` with a scope in which host collectives are submitted
+    /// without a copy: the engine reduces the caller's buffers in place.
+    /// Returns `f`'s result once the engine is done with every tensor
+    /// submitted in the scope (a panic in `f` is resumed after that); the
+    /// results are in the buffers when the scope has returned.
+    ///
+    /// ```
+    /// kolo::threads::run(2, kolo::Config::default(), |kolo| {
+    ///     let mut weights = vec![1.0f32; 1024];
+    ///     let mut bias = vec![kolo.rank() as f32; 16];
+    ///     kolo.scope(|s| {
+    ///         let w = s.allreduce_async("w", &mut weights, kolo::ReduceOp::Sum)?;
+    ///         let b = s.allreduce_async("b", &mut bias, kolo::ReduceOp::Max)?;
+    ///         w.wait()?;
+    ///         b.wait()
+    ///     })?;
+    ///     assert_eq!(weights[0], 2.0);
+    ///     assert_eq!(bias[0], 1.0);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), kolo::Error>(())
+    /// ```
+    pub fn scope<'env, R>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    ) -> R {
+        let scope = Scope {
+            kolo: self,
+            leases: Arc::new(Leases::default()),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| f(&scope)));
+        scope.leases.wait_all();
+        outcome.unwrap_or_else(|panic| resume_unwind(panic))
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Submits an allreduce of `buf`, reduced in place by the engine (no
+    /// copy); the result is in `buf` once the scope has returned.
+    pub fn allreduce_async<T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'scope, T>>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        self.grouped_allreduce_async([(name, buf.into())], options)
+    }
+
+    /// Submits several allreduces together (they reach the same cycle and
+    /// fuse as far as the fusion threshold allows), reduced in place; one
+    /// handle for the group. On an error nothing is submitted.
+    pub fn grouped_allreduce_async<'n, T: Element>(
+        &self,
+        tensors: impl IntoIterator<Item = (&'n str, TensorMut<'scope, T>)>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        let options = options.into();
+        let tensors = tensors.into_iter();
+        let mut items: Vec<(Request, Payload, Arc<Completion>)> =
+            Vec::with_capacity(tensors.size_hint().0);
+        for (name, tensor) in tensors {
+            let (data, shape) = tensor.into_parts();
+            if let Some(reason) = shape_problem(&shape, data.len()) {
+                return Err(Error::InvalidArgument {
+                    tensor: name.to_owned(),
+                    reason,
+                });
+            }
+            let request =
+                self.kolo
+                    .reduce_request(name, RequestKind::Allreduce, &shape, T::DTYPE, options);
+            let completion = Completion::new();
+            let view: HostView<T> = HostView {
+                len: data.len(),
+                ptr: NonNull::from(data).cast(),
+                completion: Arc::clone(&completion),
+                rank: self.kolo.rank(),
+                _lease: self.leases.lease(),
+            };
+            items.push((request, Box::new(view), completion));
+        }
+        let names: Vec<String> = items.iter().map(|(r, ..)| r.tensor_name.clone()).collect();
+        let completions = self.kolo.submit_with(items)?;
+        Ok(Handle::new(
+            names.into_iter().zip(completions).collect(),
+            |_| Ok(()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{threads, Config, Error, ReduceOp, TensorMut};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    /// Rank `rank`'s tensor `t` of `len` elements.
+    fn input(rank: usize, t: usize, len: usize) -> Vec<i64> {
+        (0..len)
+            .map(|i| (rank * 1000 + t * 10 + i) as i64)
+            .collect()
+    }
+
+    /// Every rank's tensors `t` summed.
+    fn summed(ranks: usize, t: usize, len: usize) -> Vec<i64> {
+        (0..len)
+            .map(|i| (0..ranks).map(|r| input(r, t, len)[i]).sum())
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(6))]
+        #[test]
+        fn scoped_allreduces_land_in_the_callers_buffers(
+            ranks in 2usize..5,
+            lens in prop::collection::vec(0usize..300, 1..12),
+            threshold in prop::sample::select(vec![0usize, 64, 1 << 20]),
+            grouped: bool,
+        ) {
+            let config = Config::default().fusion_threshold(threshold);
+            let lens_ref = &lens;
+            let results = threads::run(ranks, config, |kolo| {
+                let mut bufs: Vec<Vec<i64>> = lens_ref
+                    .iter()
+                    .enumerate()
+                    .map(|(t, &len)| input(kolo.rank(), t, len))
+                    .collect();
+                let names: Vec<String> = (0..bufs.len()).map(|t| format!("s{t}")).collect();
+                kolo.scope(|s| {
+                    if grouped {
+                        let views = names
+                            .iter()
+                            .map(String::as_str)
+                            .zip(bufs.iter_mut().map(|b| TensorMut::from(&mut b[..])));
+                        return s.grouped_allreduce_async(views, ReduceOp::Sum)?.wait();
+                    }
+                    let handles = names
+                        .iter()
+                        .zip(bufs.iter_mut())
+                        .map(|(name, buf)| s.allreduce_async(name, buf, ReduceOp::Sum))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    handles.into_iter().try_for_each(|h| h.wait())
+                })?;
+                Ok(bufs)
+            })
+            .unwrap();
+            for bufs in results {
+                for (t, buf) in bufs.iter().enumerate() {
+                    prop_assert_eq!(buf, &summed(ranks, t, lens[t]));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_scope_waits_for_tensors_whose_handles_were_forgotten() {
+        let results = threads::run(3, Config::default(), |kolo| {
+            let mut a = vec![kolo.rank() as f32 + 1.0; 4096];
+            let mut b = [kolo.rank() as u8; 3];
+            kolo.scope(|s| {
+                std::mem::forget(s.allreduce_async("a", &mut a, ReduceOp::Sum)?);
+                drop(s.allreduce_async("b", &mut b[..], ReduceOp::Max)?);
+                Ok::<(), Error>(())
+            })?;
+            Ok((a, b))
+        })
+        .unwrap();
+        for (a, b) in results {
+            assert!(a.iter().all(|&x| x == 6.0));
+            assert_eq!(b, [2; 3]);
+        }
+    }
+
+    #[test]
+    fn a_mismatch_fails_every_rank_and_the_next_scope_works() {
+        let results = threads::run(2, Config::default(), |kolo| {
+            let mut bad = vec![1i32; 4 + kolo.rank()];
+            let err = kolo
+                .scope(|s| s.allreduce_async("bad", &mut bad, ReduceOp::Sum)?.wait())
+                .unwrap_err();
+            assert_eq!(
+                bad,
+                vec![1; 4 + kolo.rank()],
+                "a refused tensor is untouched"
+            );
+            let mut good = [kolo.rank() as i32; 2];
+            kolo.allreduce("good", &mut good[..], ReduceOp::Sum)?;
+            Ok((err, good))
+        })
+        .unwrap();
+        for (err, good) in results {
+            assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+            assert!(err.to_string().contains("bad"), "{err}");
+            assert_eq!(good, [1, 1]);
+        }
+    }
+
+    #[test]
+    fn a_name_in_flight_is_refused_and_the_scope_still_ends() {
+        let results = threads::run(2, Config::default(), |kolo| {
+            let (mut x, mut y) = ([1u16; 8], [2u16; 8]);
+            let refused = kolo.scope(|s| {
+                let first = s.allreduce_async("x", &mut x[..], ReduceOp::Sum)?;
+                let second = s.allreduce_async("x", &mut y[..], ReduceOp::Sum);
+                first.wait()?;
+                Ok::<_, Error>(second.err())
+            })?;
+            Ok((refused, x, y))
+        })
+        .unwrap();
+        for (refused, x, y) in results {
+            assert_eq!(refused, Some(Error::DuplicateName { tensor: "x".into() }));
+            assert_eq!((x, y), ([2; 8], [2; 8]));
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_scope_is_resumed_after_the_engine_is_done() {
+        let results = threads::run(2, Config::default(), |kolo| {
+            let mut x = vec![1.0f64; 100];
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                kolo.scope(|s| {
+                    let _pending = s.allreduce_async("x", &mut x, ReduceOp::Sum);
+                    panic!("the training step failed");
+                })
+            }));
+            assert!(caught.is_err());
+            Ok(x)
+        })
+        .unwrap();
+        for x in results {
+            assert_eq!(x, vec![2.0; 100]);
+        }
+    }
+
+    #[test]
+    fn shutting_down_fails_a_scopes_pending_tensors_and_ends_it() {
+        let config = Config::default().stall_check(Some(Duration::from_secs(60)));
+        let results = threads::run(2, config, |kolo| {
+            if kolo.rank() == 1 {
+                // Never submits "lonely": rank 0's tensor stays pending
+                // until this rank's engine shuts every rank down.
+                return Ok(None);
+            }
+            let mut lonely = [1i64; 4];
+            let outcome = kolo.scope(|s| {
+                s.allreduce_async("lonely", &mut lonely[..], ReduceOp::Sum)?
+                    .wait()
+            });
+            Ok(Some((outcome, lonely)))
+        })
+        .unwrap();
+        let (outcome, lonely) = results[0].clone().expect("rank 0's outcome");
+        assert!(
+            matches!(outcome, Err(Error::ShutDown { .. })),
+            "{outcome:?}"
+        );
+        assert_eq!(lonely, [1; 4]);
+    }
+}

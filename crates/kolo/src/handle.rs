@@ -1,11 +1,13 @@
 //! Handles on operations in flight: block with [`Handle::wait`], check with
 //! [`Handle::poll`], or `.await` them.
 //!
-//! The engine never touches the caller's buffers: it works on its own
-//! copies, and a handle writes results back into the caller's buffer when
-//! it is waited on or polled to completion. Forgetting a handle
-//! (`std::mem::forget`) or dropping it therefore only discards the result;
-//! the operation still runs on every rank.
+//! Outside a [`crate::Scope`] the engine never touches the caller's
+//! buffers: it works on its own copies, and a handle writes results back
+//! into the caller's buffer when it is waited on or polled to completion.
+//! Forgetting a handle (`std::mem::forget`) or dropping it therefore only
+//! discards the result; the operation still runs on every rank. (In a scope
+//! the engine works on the lent buffers in place, and the scope, not the
+//! handle, keeps them borrowed until the engine is done.)
 
 use crate::error::Error;
 use parking_lot::{Condvar, Mutex};

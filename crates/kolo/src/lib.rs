@@ -7,7 +7,8 @@
 //! tensor on every rank instead of hanging), fuses ready allreduces into one
 //! buffer, and performs the agreed operations in the same order everywhere.
 //! Operations are submitted from any thread, blocking or as [`Handle`]s
-//! (`wait`, `poll`, `.await`); a response cache skips negotiation for
+//! (`wait`, `poll`, `.await`) — inside a [`Kolo::scope`] without any copy
+//! of the caller's buffers; a response cache skips negotiation for
 //! tensors seen before, a stall inspector names ranks that never submit,
 //! and rank 0 can write a Chrome-trace timeline. [`threads::run`] runs n
 //! ranks as threads of one process; other backends start a [`Kolo`] with

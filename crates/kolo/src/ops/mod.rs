@@ -6,7 +6,9 @@
 //! buffer when it completes (see [`crate::Handle`]): no borrowed memory is
 //! ever shared with the background thread, so no handle can leave it
 //! dangling, whatever happens to the handle. [`crate::Kolo::allreduce_owned`]
-//! moves a `Vec` in and out instead, without either copy.
+//! moves a `Vec` in and out instead, without either copy, and
+//! [`crate::Kolo::scope`] lends buffers to the engine for a scope (the
+//! blocking allreduces use one): no copy either.
 
 mod control;
 mod gather;

@@ -10,8 +10,10 @@ use kolo_protocol::{Request, RequestKind};
 use kolo_transport::Element;
 
 impl Kolo {
-    /// Reduces `buf` across all ranks, in place (blocking). `options` is a
-    /// [`kolo_protocol::ReduceOp`] or [`ReduceOptions`] with scale factors.
+    /// Reduces `buf` across all ranks, in place (blocking, no copy: see
+    /// [`Kolo::grouped_allreduce`] for what an error leaves in `buf`).
+    /// `options` is a [`kolo_protocol::ReduceOp`] or [`ReduceOptions`] with
+    /// scale factors.
     pub fn allreduce<'t, T: Element>(
         &self,
         name: &str,
@@ -88,7 +90,10 @@ impl Kolo {
 
     /// Allreduces several tensors submitted together (blocking): they reach
     /// the coordinator in the same cycle and fuse as far as the fusion
-    /// threshold allows. On an error no buffer is written.
+    /// threshold allows. No copy: the engine works on the buffers in place
+    /// (in a [`Kolo::scope`]). A tensor refused by negotiation is left
+    /// untouched; after a failure of the backend mid-collective (a peer
+    /// died) the buffers' contents are unspecified, as with MPI or NCCL.
     pub fn grouped_allreduce<T: Element>(
         &self,
         tensors: &mut [(&str, &mut [T])],

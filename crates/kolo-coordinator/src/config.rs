@@ -14,6 +14,9 @@ pub struct CoordinatorConfig {
     /// Fail stalled tensors on every rank and shut down after this long;
     /// `None` = never.
     pub stall_shutdown: Option<Duration>,
+    /// Rank 0 reports [`crate::NegotiationEvent`]s for the timeline; off,
+    /// it does not build them (two strings per tensor per cycle).
+    pub events: bool,
 }
 
 impl Default for CoordinatorConfig {
@@ -22,6 +25,7 @@ impl Default for CoordinatorConfig {
             cache_capacity: 1024,
             stall_warning: Some(Duration::from_secs(60)),
             stall_shutdown: None,
+            events: true,
         }
     }
 }

@@ -177,7 +177,7 @@ impl Coordinator {
             output.events = events;
         }
         self.watch_cache_path(&bits, &agreed, now);
-        if self.rank0.is_some() {
+        if self.rank0.is_some() && self.config.events {
             output.events.extend(cached_events(&cached));
         }
         self.apply(&output.responses, &cached, &agreed, joined_any);
@@ -288,7 +288,9 @@ impl Coordinator {
         let waiting: Vec<(usize, String)> = bits
             .hits_any
             .iter()
-            .filter(|s| !agreed.contains(s) && bits.invalid.binary_search(s).is_err())
+            // Both sorted: a linear `contains` made this quadratic in the
+            // number of tensors per cycle.
+            .filter(|s| agreed.binary_search(s).is_err() && bits.invalid.binary_search(s).is_err())
             .filter_map(|&slot| self.cache.name(slot).map(|name| (slot, name.to_owned())))
             .collect();
         for stall in r0.cache_stalls.observe(&waiting, now, threshold) {

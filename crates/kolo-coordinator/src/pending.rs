@@ -19,6 +19,9 @@ pub struct PendingRequests {
     outbox: Vec<Request>,
     /// This rank has joined (until every rank has).
     joined: bool,
+    /// The cache generation the bit-path requests were last checked
+    /// against (every request entering `cached` is checked on the way in).
+    validated: Option<u64>,
 }
 
 impl PendingRequests {
@@ -60,6 +63,10 @@ impl PendingRequests {
     /// Sends to rank 0 every bit-path request whose slot no longer holds its
     /// tensor with its parameters (evicted or replaced since it was queued).
     pub fn revalidate(&mut self, cache: &ResponseCache) {
+        if self.validated == Some(cache.generation()) {
+            return;
+        }
+        self.validated = Some(cache.generation());
         let stale: Vec<String> = self
             .cached
             .iter()

@@ -51,6 +51,9 @@ pub struct ResponseCache {
     /// recently used (O(log n) eviction instead of a scan of every slot).
     lru: BTreeSet<(u64, usize)>,
     clock: u64,
+    /// Bumped whenever a slot's tensor or parameters change (insert,
+    /// erase): pending hits need revalidating only then.
+    generation: u64,
 }
 
 /// True when `a` and `b` ask for the same collective on the same tensor: the
@@ -79,6 +82,7 @@ impl ResponseCache {
             free: (0..capacity).collect(),
             lru: BTreeSet::new(),
             clock: 0,
+            generation: 0,
         }
     }
 
@@ -115,6 +119,11 @@ impl ResponseCache {
                 .is_some_and(|params| same_params(params, request)),
             _ => false,
         }
+    }
+
+    /// Changes whenever a slot's tensor or parameters change.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The response cached in `slot`.
@@ -166,6 +175,7 @@ impl ResponseCache {
             },
         };
         self.clock += 1;
+        self.generation += 1;
         self.free.remove(&slot);
         if let Some(Some(old)) = self.slots.get(slot) {
             self.lru.remove(&(old.last_used, slot));
@@ -185,6 +195,7 @@ impl ResponseCache {
     /// somewhere, or it stalled on the cache path).
     pub fn erase(&mut self, slot: usize) {
         if let Some(entry) = self.slots.get_mut(slot).and_then(Option::take) {
+            self.generation += 1;
             self.by_name.remove(&entry.name);
             self.lru.remove(&(entry.last_used, slot));
             self.free.insert(slot);

@@ -178,6 +178,7 @@ fn stall_config(warning: u64, shutdown: u64) -> CoordinatorConfig {
         cache_capacity: 8,
         stall_warning: Some(Duration::from_secs(warning)),
         stall_shutdown: Some(Duration::from_secs(shutdown)),
+        events: true,
     }
 }
 

@@ -217,6 +217,7 @@ pub fn config(cache_capacity: usize) -> CoordinatorConfig {
         cache_capacity,
         stall_warning: None,
         stall_shutdown: None,
+        events: true,
     }
 }
 

@@ -217,6 +217,8 @@ impl Config {
             cache_capacity: self.cache_capacity,
             stall_warning: self.stall_check,
             stall_shutdown: self.stall_shutdown,
+            // Only rank 0's timeline reads them.
+            events: self.timeline.is_some(),
         }
     }
 }

@@ -165,7 +165,7 @@ impl MpiComm {
         let data = match split(self.data, mpi_color, key) {
             Ok(data) => data,
             Err(e) => {
-                control.map(free_comm);
+                control.into_iter().for_each(free_comm);
                 return Err(e.into());
             }
         };
@@ -173,8 +173,7 @@ impl MpiComm {
             (Some(control), Some(data), Ok(Some(_))) => (control, data),
             (None, None, Ok(None)) => return Ok(None),
             (control, data, valid) => {
-                control.map(free_comm);
-                data.map(free_comm);
+                control.into_iter().chain(data).for_each(free_comm);
                 return Err(MpiError::Mpi(TransportError::InvalidArgument(
                     match valid {
                         Err(_) => format!(

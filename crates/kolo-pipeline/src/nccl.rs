@@ -48,16 +48,28 @@ use cudarc::driver::CudaStream;
 use kolo_nccl::{HostStaging, Mode, NcclComm, NcclError, NcclOptions};
 use kolo_protocol::DataType;
 use kolo_threads::ThreadComm;
-use kolo_transport::{with_element_type, Collectives, Result, Topology, TransportError};
+use kolo_transport::{
+    with_element_type, Collectives, Controller, Result, Topology, TransportError,
+};
 use std::sync::Arc;
 
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+mod pairing;
+#[cfg(feature = "mpi")]
+pub use mpi::nccl_mpi_channels;
+
 /// One end of a pipeline channel over NCCL: a two-rank communicator (rank
-/// 0 sends, rank 1 receives) and the controller it was built over. A
-/// [`Channel`] of host bytes (through kolo-nccl's `HostStaging`) and of
-/// device tensors (`ncclSend` / `ncclRecv` on their buffers).
-pub struct NcclChannel {
+/// 0 sends, rank 1 receives) and the controller `C` it was built over — a
+/// two-rank kolo-threads communicator in thread mode ([`nccl_channels`]),
+/// the channel's pair communicator split off the MPI world in process mode
+/// (`nccl_mpi_channels`, features `nccl` and `mpi`). A [`Channel`] of host
+/// bytes (through kolo-nccl's `HostStaging`) and of device tensors
+/// (`ncclSend` / `ncclRecv` on their buffers).
+pub struct NcclChannel<C = ThreadComm> {
     comm: NcclComm,
-    ctrl: ThreadComm,
+    ctrl: C,
     /// The stream received device tensors are allocated on (created on
     /// the first): not the NCCL stream, where the next receive may already
     /// wait for its peer, so a caller's work on a received tensor (a copy
@@ -65,13 +77,22 @@ pub struct NcclChannel {
     delivery: Option<Arc<CudaStream>>,
 }
 
-impl NcclChannel {
+impl<C: Controller> NcclChannel<C> {
+    /// An end of `comm`, built over `ctrl` (the same two ranks).
+    fn new(comm: NcclComm, ctrl: C) -> Self {
+        NcclChannel {
+            comm,
+            ctrl,
+            delivery: None,
+        }
+    }
+
     /// The NCCL communicator (its device, stream, health).
     pub fn comm(&mut self) -> &mut NcclComm {
         &mut self.comm
     }
 
-    fn staging(&mut self) -> HostStaging<'_, ThreadComm> {
+    fn staging(&mut self) -> HostStaging<'_, C> {
         HostStaging::new(&mut self.comm, &mut self.ctrl)
     }
 
@@ -98,7 +119,7 @@ fn tensor_error(e: crate::TensorError) -> TransportError {
     TransportError::InvalidArgument(e.to_string())
 }
 
-impl std::fmt::Debug for NcclChannel {
+impl<C> std::fmt::Debug for NcclChannel<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclChannel")
             .field("comm", &self.comm)
@@ -106,7 +127,7 @@ impl std::fmt::Debug for NcclChannel {
     }
 }
 
-impl Topology for NcclChannel {
+impl<C> Topology for NcclChannel<C> {
     fn rank(&self) -> usize {
         self.comm.rank()
     }
@@ -121,7 +142,7 @@ impl Topology for NcclChannel {
     }
 }
 
-impl Channel for NcclChannel {
+impl<C: Controller + Send + 'static> Channel for NcclChannel<C> {
     /// Sends `bytes` to `peer` and waits until NCCL has delivered them. (A
     /// plain `HostStaging::send` only stages the data until the next
     /// receive from the peer, which a one-way channel never has; a send
@@ -213,11 +234,7 @@ fn open_pair(
                     ..options.clone()
                 };
                 s.spawn(move || {
-                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel {
-                        comm,
-                        ctrl,
-                        delivery: None,
-                    })
+                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel::new(comm, ctrl))
                 })
             })
             .collect();

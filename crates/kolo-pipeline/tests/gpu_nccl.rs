@@ -8,11 +8,11 @@
 //! failing stage whose neighbours must fail naming it. Then device tensors
 //! (`send_device` / `recv_device`) on widths 1, 1: f32 and i32 GPU to GPU
 //! forward and back, shapes that change per minibatch, one of 8 MiB
-//! (`gpu_device`). One `PASS` or
-//! `FAIL` line per check; widths with more ranks than GPUs are attempted
-//! and, when NCCL (or kolo-nccl, which checks first) refuses two ranks of
-//! a channel on one GPU, reported as `SKIP` with the refusal. Every check
-//! runs under a watchdog: one that hangs is a `FAIL` and ends the binary.
+//! (`gpu_device`). One `PASS` or `FAIL` line per check; widths with more
+//! ranks than GPUs are attempted and, when `nccl_channels` (which checks
+//! before NCCL does) refuses two ranks of a channel on one GPU, reported
+//! as `SKIP` with the refusal. Every check runs under a watchdog: one that
+//! hangs is a `FAIL` and ends the binary.
 //! Without a GPU (or NCCL) it prints `skipped: ...` and exits 0.
 //!
 //! Build: `cargo test --release -p kolo-pipeline --features nccl --test

@@ -39,7 +39,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// The bound on one check, channel set-up included.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
+const CHECK_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// NCCL operations pending longer fail (a lost peer must not hang).
 const OP_TIMEOUT: Duration = Duration::from_secs(45);

@@ -6,9 +6,10 @@
 //!   facade's default build (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
-//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks
-//!   and kolo-bench, built into `gpu-dist/` with a `run.sh` and a
-//!   `run-engine.sh`; run here when a GPU is present.
+//! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks,
+//!   kolo-pipeline's NCCL checks and kolo-bench, built into `gpu-dist/` with
+//!   a `run.sh`, a `run-engine.sh` and a `run-pipeline.sh`; run here when a
+//!   GPU is present.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -100,7 +101,8 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
 /// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl,
 /// kolo-pipeline, kolo's GPU engine checks) and kolo-bench in release mode
 /// into `gpu-dist/` (debuginfo stripped) with kolo-nccl's `run-gpu.sh` as
-/// `run.sh` and kolo's `run-gpu-engine.sh` as `run-engine.sh`; runs them
+/// `run.sh`, kolo's `run-gpu-engine.sh` as `run-engine.sh` and
+/// kolo-pipeline's `run-gpu-pipeline.sh` as `run-pipeline.sh`; runs them
 /// when `nvidia-smi` works
 /// here, otherwise says how to run the folder on a GPU host.
 fn test_gpu(root: &Path) -> Result<()> {
@@ -140,11 +142,11 @@ fn test_gpu(root: &Path) -> Result<()> {
         "-p",
         "kolo-pipeline",
         "--features",
-        "kolo-pipeline/nccl",
+        "kolo-pipeline/nccl,kolo-pipeline/mpi",
         "--no-run",
         "--message-format=json",
     ])?;
-    let gpu_tests = ["gpu_threads", "gpu_mpi", "gpu_nccl"];
+    let gpu_tests = ["gpu_threads", "gpu_mpi", "gpu_nccl", "gpu_nccl_mpi"];
     let mut wanted: Vec<(String, PathBuf)> = artifacts(&tests)
         .into_iter()
         .filter(|(name, _)| gpu_tests.contains(&name.as_str()))
@@ -204,10 +206,16 @@ fn test_gpu(root: &Path) -> Result<()> {
     let engine_script = dist.join("run-engine.sh");
     std::fs::copy(root.join("crates/kolo/run-gpu-engine.sh"), &engine_script)
         .context("copying run-gpu-engine.sh")?;
+    let pipeline_script = dist.join("run-pipeline.sh");
+    std::fs::copy(
+        root.join("crates/kolo-pipeline/run-gpu-pipeline.sh"),
+        &pipeline_script,
+    )
+    .context("copying run-gpu-pipeline.sh")?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        for file in [&script, &engine_script] {
+        for file in [&script, &engine_script, &pipeline_script] {
             std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
                 .context("chmod run.sh")?;
         }
@@ -235,7 +243,7 @@ fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());
@@ -255,6 +263,14 @@ fn test_gpu(root: &Path) -> Result<()> {
         .context("running gpu-dist/run-engine.sh")?;
     if !status.success() {
         bail!("gpu-dist/run-engine.sh failed ({status})");
+    }
+    let status = Command::new("bash")
+        .arg(&pipeline_script)
+        .current_dir(&dist)
+        .status()
+        .context("running gpu-dist/run-pipeline.sh")?;
+    if !status.success() {
+        bail!("gpu-dist/run-pipeline.sh failed ({status})");
     }
     Ok(())
 }

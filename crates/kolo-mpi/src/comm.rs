@@ -51,11 +51,7 @@ impl MpiComm {
         let world = world.as_raw();
         let control = dup(world)?;
         let data = dup(world)?;
-        let (rank, size) = rank_size(data)?;
-        let local = split_shared(world)?;
-        let local_topology = rank_size(local);
-        free_comm(local);
-        let (local_rank, local_size) = local_topology?;
+        let ((rank, size), (local_rank, local_size)) = topology(data)?;
         // SAFETY: the shim returns MPI's own constants.
         let (in_place, tag_ub_key) = unsafe { (kolo_mpi_in_place(), kolo_mpi_tag_ub_key()) };
         let tag_ub = tag_upper_bound(world, tag_ub_key)?;
@@ -128,6 +124,92 @@ impl MpiComm {
             local_size: self.local_size,
             runtime: Arc::clone(&self.runtime),
         })
+    }
+
+    /// Splits the ranks into disjoint communicators (`MPI_Comm_split` of
+    /// this one's control and data communicators): the ranks passing the
+    /// same `color` form one, ordered by `key` (ties by their rank here);
+    /// a rank passing `None` (`MPI_UNDEFINED`) joins none and gets
+    /// `Ok(None)`. kolo-pipeline's NCCL channels under `mpirun` split a
+    /// pair communicator off the world per channel to bootstrap the
+    /// channel's two-rank NCCL communicator.
+    ///
+    /// **Collective**, like [`MpiComm::duplicate`]: every rank of this
+    /// communicator calls `split` the same number of times in the same
+    /// order, also the ranks that pass `None`. A color MPI cannot take
+    /// (above `i32::MAX`) is an [`MpiError::Mpi`] naming it, returned
+    /// after this rank took part as `None`, so the other ranks still get
+    /// their communicators instead of waiting for it.
+    ///
+    /// The new communicator has its own topology (rank, size, and local
+    /// rank and size from a shared-memory split of it) and message spaces,
+    /// keeps MPI initialised like a duplicate, and is used from one thread
+    /// at a time; it needs no more than the thread level MPI granted (a
+    /// communicator used on another thread needs `MPI_THREAD_MULTIPLE`).
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i32,
+    ) -> std::result::Result<Option<MpiComm>, MpiError> {
+        let valid = color.map(c_int::try_from).transpose();
+        // SAFETY: reading MPI's constant.
+        let undefined = unsafe { ffi::RSMPI_UNDEFINED };
+        let mpi_color = match valid {
+            Ok(Some(c)) => c,
+            Ok(None) | Err(_) => undefined,
+        };
+        // Datatypes are local (not collective): made first, so a failure
+        // here leaves no rank waiting in a collective.
+        let types = Types::create()?;
+        let control = split(self.control, mpi_color, key)?;
+        let data = match split(self.data, mpi_color, key) {
+            Ok(data) => data,
+            Err(e) => {
+                control.into_iter().for_each(free_comm);
+                return Err(e.into());
+            }
+        };
+        let (control, data) = match (control, data, valid) {
+            (Some(control), Some(data), Ok(Some(_))) => (control, data),
+            (None, None, Ok(None)) => return Ok(None),
+            (control, data, valid) => {
+                control.into_iter().chain(data).for_each(free_comm);
+                return Err(MpiError::Mpi(TransportError::InvalidArgument(
+                    match valid {
+                        Err(_) => format!(
+                            "MpiComm::split: color {} is above MPI's limit {} (this rank took \
+                         part without a color)",
+                            color.unwrap_or_default(),
+                            c_int::MAX
+                        ),
+                        Ok(_) => format!(
+                            "MpiComm::split: MPI gave rank {} {} communicator for color {color:?}",
+                            self.rank,
+                            if color.is_some() { "no" } else { "a" }
+                        ),
+                    },
+                )));
+            }
+        };
+        match topology(data) {
+            Ok(((rank, size), (local_rank, local_size))) => Ok(Some(MpiComm {
+                types,
+                control,
+                data,
+                in_place: self.in_place,
+                tag_ub: self.tag_ub,
+                rank,
+                size,
+                local_rank,
+                local_size,
+                runtime: Arc::clone(&self.runtime),
+            })),
+            Err(e) => {
+                free_comm(control);
+                free_comm(data);
+                Err(e.into())
+            }
+        }
     }
 
     /// The thread level MPI granted.
@@ -214,14 +296,50 @@ fn dup(comm: MPI_Comm) -> Result<MPI_Comm> {
     let mut out = MPI_Comm(std::ptr::null_mut());
     // SAFETY: `comm` is a valid communicator, `out` a valid out-pointer.
     check(unsafe { ffi::MPI_Comm_dup(comm, &mut out) }, "MPI_Comm_dup")?;
-    // Errors are returned to kolo (and turned into kolo errors) instead of
-    // aborting the job inside MPI.
-    // SAFETY: `out` is the communicator just created.
+    returning_errors(out)
+}
+
+/// `MPI_Comm_split` of `comm`: `None` for `MPI_UNDEFINED`'s
+/// `MPI_COMM_NULL`.
+fn split(comm: MPI_Comm, color: c_int, key: c_int) -> Result<Option<MPI_Comm>> {
+    let mut out = MPI_Comm(std::ptr::null_mut());
+    // SAFETY: `comm` is a valid communicator, `out` a valid out-pointer.
     check(
-        unsafe { ffi::MPI_Comm_set_errhandler(out, ffi::RSMPI_ERRORS_RETURN) },
-        "MPI_Comm_set_errhandler",
+        unsafe { ffi::MPI_Comm_split(comm, color, key, &mut out) },
+        "MPI_Comm_split",
     )?;
-    Ok(out)
+    // SAFETY: reading MPI's constant.
+    if out == unsafe { ffi::RSMPI_COMM_NULL } {
+        return Ok(None);
+    }
+    returning_errors(out).map(Some)
+}
+
+/// Makes `comm` (just created) return errors to kolo, which turns them
+/// into kolo errors, instead of aborting the job inside MPI.
+fn returning_errors(comm: MPI_Comm) -> Result<MPI_Comm> {
+    // SAFETY: `comm` is a valid communicator; the handler is MPI's own.
+    let set = check(
+        unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) },
+        "MPI_Comm_set_errhandler",
+    );
+    match set {
+        Ok(()) => Ok(comm),
+        Err(e) => {
+            free_comm(comm);
+            Err(e)
+        }
+    }
+}
+
+/// `comm`'s (rank, size), and its local (rank, size) from a shared-memory
+/// split of it. Collective over `comm`.
+fn topology(comm: MPI_Comm) -> Result<((usize, usize), (usize, usize))> {
+    let global = rank_size(comm)?;
+    let local = split_shared(comm)?;
+    let local_topology = rank_size(local);
+    free_comm(local);
+    Ok((global, local_topology?))
 }
 
 fn split_shared(comm: MPI_Comm) -> Result<MPI_Comm> {

@@ -1,13 +1,16 @@
 //! The kolo-conformance suite on the MPI backend under a real `mpirun`,
-//! and `MpiComm::duplicate`.
+//! `MpiComm::duplicate` and `MpiComm::split`.
 //!
 //! `cargo test` runs this binary directly; it then re-runs itself under
 //! `mpirun -np 2`, `-np 3` and `-np 4` (see `kolo_mpi::launcher`), where
 //! each process is one rank that runs the suite on `MpiComm`'s native MPI
 //! collectives and on kolo's generic point-to-point algorithms over MPI
 //! send / recv, then checks that duplicates used from other threads at the
-//! same time keep their messages apart. A last job initialises MPI
-//! `FUNNELED` and checks that `duplicate` refuses, naming the level.
+//! same time keep their messages apart, and splits the world into pairs
+//! (see `mpirun_split`). A last job initialises MPI `FUNNELED` and checks
+//! that `duplicate` refuses, naming the level, while `split` works.
+
+mod mpirun_split;
 
 use kolo_conformance::{random_cases, run_random_cases, run_suite, RandomOp, SuiteOptions};
 use kolo_mpi::launcher::{self, Job};
@@ -71,9 +74,11 @@ fn rank_main() -> Result<(), String> {
     let random = run_random_cases(&mut comm, &cases)
         .map_err(|e| format!("rank {rank}, random sequence: {e}"))?;
     duplicates_keep_messages_apart(&mut comm)?;
+    mpirun_split::splits_into_pairs(&mut comm)?;
+    mpirun_split::bad_color_is_an_error(&mut comm)?;
     if rank == 0 {
         println!(
-            "  native: {native} ({native_time:.1?})\n  generic: {generic} ({generic_time:.1?})\n  random: {random}\n  duplicates: ok"
+            "  native: {native} ({native_time:.1?})\n  generic: {generic} ({generic_time:.1?})\n  random: {random}\n  duplicates: ok\n  split: ok"
         );
     }
     Ok(())
@@ -134,7 +139,8 @@ fn duplicates_keep_messages_apart(comm: &mut MpiComm) -> Result<(), String> {
     Ok(())
 }
 
-/// With MPI initialised FUNNELED, `duplicate` is an error naming the level.
+/// With MPI initialised FUNNELED, `duplicate` is an error naming the level;
+/// `split` (a communicator for this thread) works.
 fn funneled_refuses_duplicates() -> Result<(), String> {
     let mut comm = MpiComm::init(true).map_err(|e| format!("MPI init: {e}"))?;
     let level = comm.thread_level();
@@ -156,5 +162,5 @@ fn funneled_refuses_duplicates() -> Result<(), String> {
             ))
         }
     }
-    comm.barrier().map_err(|e| e.to_string())
+    mpirun_split::splits_into_pairs(&mut comm)
 }

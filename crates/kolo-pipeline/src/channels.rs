@@ -107,6 +107,19 @@ pub struct ChannelSet<B> {
 }
 
 impl<B> ChannelSet<B> {
+    /// No ends yet, of `rank`.
+    pub(crate) fn new(rank: usize) -> Self {
+        ChannelSet {
+            rank,
+            ends: HashMap::new(),
+        }
+    }
+
+    /// Adds this rank's end of `key`.
+    pub(crate) fn insert(&mut self, key: ChannelKey, end: Endpoint<B>) {
+        self.ends.insert(key, end);
+    }
+
     /// The rank these ends belong to.
     pub fn rank(&self) -> usize {
         self.rank
@@ -167,17 +180,12 @@ where
     F: FnMut(&ChannelKey) -> Result<(B, B), PipelineError>,
 {
     let keys = channels(spec, options)?;
-    let mut sets: Vec<ChannelSet<B>> = (0..spec.world_size)
-        .map(|rank| ChannelSet {
-            rank,
-            ends: HashMap::new(),
-        })
-        .collect();
+    let mut sets: Vec<ChannelSet<B>> = (0..spec.world_size).map(ChannelSet::new).collect();
     for key in keys {
         let (sender, receiver) = make_pair(&key)?;
         for (rank, comm, peer) in [(key.sender, sender, 1), (key.receiver, receiver, 0)] {
             if let Some(set) = sets.get_mut(rank) {
-                set.ends.insert(key.clone(), Endpoint { comm, peer });
+                set.insert(key.clone(), Endpoint { comm, peer });
             }
         }
     }
@@ -232,10 +240,7 @@ where
 {
     let rank = plan.rank();
     let world = plan.spec().world_size;
-    let mut set = ChannelSet {
-        rank,
-        ends: HashMap::new(),
-    };
+    let mut set = ChannelSet::new(rank);
     let mut wrong = None;
     for key in channels(plan.spec(), options)? {
         let comm = duplicate(&key)?;
@@ -254,7 +259,7 @@ where
                 comm.size()
             )));
         }
-        set.ends.insert(key, Endpoint { comm, peer });
+        set.insert(key, Endpoint { comm, peer });
     }
     match wrong {
         Some(e) => Err(e),

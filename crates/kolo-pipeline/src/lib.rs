@@ -19,14 +19,17 @@
 //! helper threads: one per (tensor, peer, direction) link, each owning a
 //! communicator for its one-way channel from a [`ChannelFactory`] (with
 //! kolo-threads, [`pair_channels`]; with MPI, [`duplicate_channels`] over
-//! `MpiComm::duplicate`; with the `nccl` feature, `nccl::nccl_channels`),
+//! `MpiComm::duplicate`; with the `nccl` feature, `nccl::nccl_channels`,
+//! and with `nccl` and `mpi`, `nccl::nccl_mpi_channels`),
 //! so a receive blocked on one peer never holds up a send to another.
 //! [`run_serial`] serves a single communicator (MPI initialised
 //! `FUNNELED`) from one loop, posting receives in the order the stage asks
 //! for them and the queued sends just before them.
 //!
 //! With the `nccl` feature, `nccl::nccl_channels` makes every channel a
-//! two-rank NCCL communicator, and `DeviceTensor`s (cudarc `CudaSlice`s
+//! two-rank NCCL communicator (ranks as threads of one process; with the
+//! `mpi` feature too, `nccl::nccl_mpi_channels` does the same for ranks
+//! as processes under `mpirun`, one GPU each), and `DeviceTensor`s (cudarc `CudaSlice`s
 //! and their shapes) move GPU to GPU on them with
 //! `Pipeline::send_device` / `Pipeline::recv_device`: the header as host
 //! bytes, the elements by `ncclSend` / `ncclRecv` on the device buffers.

@@ -1,15 +1,29 @@
 //! NCCL channels (feature `nccl`): every channel of a pipeline a two-rank
-//! NCCL communicator, for pipelines whose ranks are threads of one process,
-//! one GPU each (kolo-nccl's thread mode).
+//! NCCL communicator, each end on its rank's GPU.
 //!
 //! NCCL has no tags and matches a pair's sends and receives in issue order
 //! — exactly a one-way channel's FIFO, so a channel needs no more than a
-//! communicator of its two ends. [`nccl_channels`] builds both ends of
-//! every channel of the pipeline ([`crate::pair_channels`] over
-//! `NcclComm::init` on a two-rank kolo-threads controller), each end on
-//! the GPU of its rank, and deals them out per rank like
-//! [`crate::pair_channels`]; [`crate::Pipeline::start`] then gives each
-//! helper thread its channel's [`NcclChannel`].
+//! communicator of its two ends. Two ways to build them:
+//!
+//! - **Threads** (one process, one thread per GPU; kolo-nccl's thread
+//!   mode): [`nccl_channels`] builds both ends of every channel of the
+//!   pipeline ([`crate::pair_channels`] over `NcclComm::init` on a
+//!   two-rank kolo-threads controller), each end on the GPU of its rank,
+//!   and deals them out per rank like [`crate::pair_channels`].
+//! - **Processes** (one process per GPU under `mpirun`; process mode;
+//!   features `nccl` and `mpi`): `nccl_mpi_channels` builds this rank's
+//!   ends. Per channel, in the same global order on every rank, the two
+//!   ends split a pair communicator off the MPI world
+//!   (`MpiComm::split`), and `NcclComm::init` runs over it: pair rank 0
+//!   (the sender) makes NCCL's unique id, which crosses the pair's MPI
+//!   control plane. NCCL then picks its own path — NVLink or PCIe peer to
+//!   peer on one host, its network transport across hosts. Failures are
+//!   agreed over the world after each channel, so every rank gets the same
+//!   error and none waits forever.
+//!
+//! Both are [`NcclChannel`]s (generic over the controller they were built
+//! over), so [`crate::Pipeline::start`] gives each helper thread its
+//! channel the same way.
 //!
 //! An [`NcclChannel`] is a [`Channel`] that moves device memory:
 //! [`crate::DeviceTensor`]s sent with [`crate::Pipeline::send_device`] go
@@ -25,6 +39,10 @@
 //! - NCCL refuses a communicator with two ranks on one GPU ("Duplicate GPU
 //!   detected", `ncclInvalidUsage`): the two ranks of every channel need
 //!   different GPUs (a pipeline of N ranks on N GPUs always has that).
+//!   Both constructors refuse first, naming both ranks and the device
+//!   (under `mpirun`: the GPU's UUID, so ordinals that differ by
+//!   `CUDA_VISIBLE_DEVICES` do not matter); ranks that share a GPU but no
+//!   channel are fine.
 //! - A receiving helper keeps a receive pending until its peer sends. A
 //!   pending operation fails after `NcclOptions::op_timeout` and breaks the
 //!   channel: choose it above the longest gap between two messages of a
@@ -36,28 +54,45 @@
 //! - Dropping a thread-mode communicator waits (at most
 //!   `NcclOptions::teardown_timeout`) for the other end to be dropped too;
 //!   ends that are never started are dropped with their set.
+//! - Under `mpirun` the channels' pair communicators are used and freed by
+//!   the pipeline's helper threads: `MPI_THREAD_MULTIPLE` is needed (and
+//!   checked), and the helpers must be waited for before MPI is finalised
+//!   ([`crate::Pipeline::helpers`]).
 
 use crate::channel::Channel;
 use crate::channels::{pair_channels, ChannelSet};
 use crate::device_tensor::DeviceTensor;
 use crate::error::PipelineError;
 use crate::options::Options;
+use crate::plan::channels;
 use crate::spec::PipelineSpec;
 use crate::tensor::element_count;
 use cudarc::driver::CudaStream;
 use kolo_nccl::{HostStaging, Mode, NcclComm, NcclError, NcclOptions};
 use kolo_protocol::DataType;
 use kolo_threads::ThreadComm;
-use kolo_transport::{with_element_type, Collectives, Result, Topology, TransportError};
+use kolo_transport::{
+    with_element_type, Collectives, Controller, Result, Topology, TransportError,
+};
 use std::sync::Arc;
 
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+mod pairing;
+#[cfg(feature = "mpi")]
+pub use mpi::nccl_mpi_channels;
+
 /// One end of a pipeline channel over NCCL: a two-rank communicator (rank
-/// 0 sends, rank 1 receives) and the controller it was built over. A
-/// [`Channel`] of host bytes (through kolo-nccl's `HostStaging`) and of
-/// device tensors (`ncclSend` / `ncclRecv` on their buffers).
-pub struct NcclChannel {
+/// 0 sends, rank 1 receives) and the controller `C` it was built over — a
+/// two-rank kolo-threads communicator in thread mode ([`nccl_channels`]),
+/// the channel's pair communicator split off the MPI world in process mode
+/// (`nccl_mpi_channels`, features `nccl` and `mpi`). A [`Channel`] of host
+/// bytes (through kolo-nccl's `HostStaging`) and of device tensors
+/// (`ncclSend` / `ncclRecv` on their buffers).
+pub struct NcclChannel<C = ThreadComm> {
     comm: NcclComm,
-    ctrl: ThreadComm,
+    ctrl: C,
     /// The stream received device tensors are allocated on (created on
     /// the first): not the NCCL stream, where the next receive may already
     /// wait for its peer, so a caller's work on a received tensor (a copy
@@ -65,13 +100,22 @@ pub struct NcclChannel {
     delivery: Option<Arc<CudaStream>>,
 }
 
-impl NcclChannel {
+impl<C: Controller> NcclChannel<C> {
+    /// An end of `comm`, built over `ctrl` (the same two ranks).
+    fn new(comm: NcclComm, ctrl: C) -> Self {
+        NcclChannel {
+            comm,
+            ctrl,
+            delivery: None,
+        }
+    }
+
     /// The NCCL communicator (its device, stream, health).
     pub fn comm(&mut self) -> &mut NcclComm {
         &mut self.comm
     }
 
-    fn staging(&mut self) -> HostStaging<'_, ThreadComm> {
+    fn staging(&mut self) -> HostStaging<'_, C> {
         HostStaging::new(&mut self.comm, &mut self.ctrl)
     }
 
@@ -98,7 +142,7 @@ fn tensor_error(e: crate::TensorError) -> TransportError {
     TransportError::InvalidArgument(e.to_string())
 }
 
-impl std::fmt::Debug for NcclChannel {
+impl<C> std::fmt::Debug for NcclChannel<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclChannel")
             .field("comm", &self.comm)
@@ -106,7 +150,7 @@ impl std::fmt::Debug for NcclChannel {
     }
 }
 
-impl Topology for NcclChannel {
+impl<C> Topology for NcclChannel<C> {
     fn rank(&self) -> usize {
         self.comm.rank()
     }
@@ -121,7 +165,7 @@ impl Topology for NcclChannel {
     }
 }
 
-impl Channel for NcclChannel {
+impl<C: Controller + Send + 'static> Channel for NcclChannel<C> {
     /// Sends `bytes` to `peer` and waits until NCCL has delivered them. (A
     /// plain `HostStaging::send` only stages the data until the next
     /// receive from the peer, which a one-way channel never has; a send
@@ -173,15 +217,30 @@ impl Channel for NcclChannel {
 /// element `r` is rank `r`'s set (see [`crate::pair_channels`]).
 ///
 /// `options` is used for every communicator, its `device` and `mode` set
-/// per end (thread mode). A communicator that cannot be created (no GPU,
-/// no NCCL, two ends on one GPU) is an error naming the channel and the
-/// GPUs.
+/// per end (thread mode). A channel whose two ends `gpu_of` puts on one
+/// GPU is an error naming both ranks and the GPU, before any communicator
+/// is created; a communicator that cannot be created (no GPU, no NCCL) is
+/// an error naming the channel and the GPUs.
 pub fn nccl_channels(
     spec: &PipelineSpec,
     run: &Options,
     options: &NcclOptions,
     gpu_of: impl Fn(usize) -> usize,
 ) -> std::result::Result<Vec<ChannelSet<NcclChannel>>, PipelineError> {
+    // Checked first: a refusal after some channels exist would drop their
+    // ends one by one, each waiting out its teardown bound for its peer.
+    if let Some(key) = channels(spec, run)?
+        .into_iter()
+        .find(|key| gpu_of(key.sender) == gpu_of(key.receiver))
+    {
+        return Err(PipelineError::Start(format!(
+            "NCCL channel {key}: ranks {} and {} both use device {}; NCCL needs the two ends \
+             of a channel on different GPUs",
+            key.sender,
+            key.receiver,
+            gpu_of(key.sender)
+        )));
+    }
     pair_channels(spec, run, |key| {
         let gpus = [gpu_of(key.sender), gpu_of(key.receiver)];
         open_pair(gpus, options).map_err(|e| {
@@ -213,11 +272,7 @@ fn open_pair(
                     ..options.clone()
                 };
                 s.spawn(move || {
-                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel {
-                        comm,
-                        ctrl,
-                        delivery: None,
-                    })
+                    NcclComm::init(&mut ctrl, options).map(|comm| NcclChannel::new(comm, ctrl))
                 })
             })
             .collect();
@@ -276,5 +331,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Two ends on one GPU are refused before any communicator exists,
+    /// naming both ranks and the device (no GPU needed).
+    #[test]
+    fn two_ends_on_one_gpu_are_refused_first() {
+        let spec = PipelineSpec::with_widths(&[1, 1, 1]).tensor(
+            TensorSpec::new("skip", DataType::F32, 1)
+                .from_stage(0)
+                .to_stage(2),
+        );
+        let run = Options::training(2);
+        let text = nccl_channels(&spec, &run, &NcclOptions::default(), |rank| rank % 2)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            text.contains("NCCL channel Activations of 'skip' from rank 0 to rank 2: ranks 0 and 2 both use device 0"),
+            "{text}"
+        );
     }
 }

@@ -82,12 +82,12 @@ pub(crate) fn check_memory(
         (MemoryKind::Host, _) | (MemoryKind::Cuda, Carrier::DeviceChannel) => return Ok(()),
         (MemoryKind::Cuda, Carrier::HostChannel) => {
             "it is a host backend's channel, and only NCCL channels \
-             (kolo_pipeline::nccl::nccl_channels) move device tensors; copy the tensor to the \
-             host and use send / recv"
+             (kolo_pipeline::nccl::nccl_channels, or nccl_mpi_channels under mpirun) move \
+             device tensors; copy the tensor to the host and use send / recv"
         }
         (MemoryKind::Cuda, Carrier::Serial) => {
             "the serial engine moves host tensors only; start the pipeline with helper threads \
-             over NCCL channels (Pipeline::start with nccl_channels)"
+             over NCCL channels (Pipeline::start with nccl_channels or nccl_mpi_channels)"
         }
     };
     let key = link.data_channel(rank);

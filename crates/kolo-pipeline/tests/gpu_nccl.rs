@@ -8,11 +8,11 @@
 //! failing stage whose neighbours must fail naming it. Then device tensors
 //! (`send_device` / `recv_device`) on widths 1, 1: f32 and i32 GPU to GPU
 //! forward and back, shapes that change per minibatch, one of 8 MiB
-//! (`gpu_device`). One `PASS` or
-//! `FAIL` line per check; widths with more ranks than GPUs are attempted
-//! and, when NCCL (or kolo-nccl, which checks first) refuses two ranks of
-//! a channel on one GPU, reported as `SKIP` with the refusal. Every check
-//! runs under a watchdog: one that hangs is a `FAIL` and ends the binary.
+//! (`gpu_device`). One `PASS` or `FAIL` line per check; widths with more
+//! ranks than GPUs are attempted and, when `nccl_channels` (which checks
+//! before NCCL does) refuses two ranks of a channel on one GPU, reported
+//! as `SKIP` with the refusal. Every check runs under a watchdog: one that
+//! hangs is a `FAIL` and ends the binary.
 //! Without a GPU (or NCCL) it prints `skipped: ...` and exits 0.
 //!
 //! Build: `cargo test --release -p kolo-pipeline --features nccl --test
@@ -23,10 +23,12 @@
 //! device-tensor check alone).
 
 mod common;
+mod gpu_checks;
 mod gpu_device;
 
 use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, Report, TestError};
-use kolo_nccl::NcclOptions;
+use gpu_checks::{bounded, print, Outcome};
+use kolo_nccl::{Device, NcclOptions};
 use kolo_pipeline::nccl::{nccl_channels, NcclChannel};
 use kolo_pipeline::{ChannelSet, Direction, Options, Pipeline, PipelineSpec, StagePlan};
 use std::process::ExitCode;
@@ -39,21 +41,8 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
 /// NCCL operations pending longer fail (a lost peer must not hang).
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// What one check gives: passed, skipped (why), or failed (why).
-pub enum Outcome {
-    Pass(String),
-    Skip(String),
-    Fail(String),
-}
-
 fn main() -> ExitCode {
-    // NVLink multicast (NVLS) off unless the caller chose: every channel is
-    // a communicator of its own, and NVLS would reserve multicast memory
-    // for each (kolo-nccl's run.sh sets the same). Set before any thread
-    // exists.
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        std::env::set_var("NCCL_NVLS_ENABLE", "0");
-    }
+    gpu_checks::nvls_off();
     let gpus = match kolo_nccl::probe::platform() {
         Ok(p) => {
             println!(
@@ -106,7 +95,7 @@ fn main() -> ExitCode {
     }
     let device = run_check(
         "nccl widths [1, 1] device_tensors_f32_i32_up_to_8_MiB",
-        Box::new(move || gpu_device::device_run(gpus)),
+        Box::new(move || device_run(gpus)),
     );
     if let Outcome::Fail(_) = device {
         failed += 1;
@@ -128,39 +117,43 @@ fn run_check(name: &str, check: Box<dyn FnOnce() -> Outcome + Send>) -> Outcome 
         }
     }
     let started = Instant::now();
-    let outcome = bounded(check);
-    match &outcome {
-        Outcome::Pass(note) => println!(
-            "PASS {name} ({:.1} s){note}",
-            started.elapsed().as_secs_f64()
-        ),
-        Outcome::Skip(why) => println!("SKIP {name}: {why}"),
-        Outcome::Fail(why) => println!("FAIL {name}: {why}"),
-    }
+    let outcome = bounded(name, CHECK_TIMEOUT, check);
+    print(name, &outcome, started);
     outcome
 }
 
-/// Runs `check` on a thread of its own; one that outlives
-/// [`CHECK_TIMEOUT`] fails the binary at once (its threads cannot be
-/// stopped).
-fn bounded(check: Box<dyn FnOnce() -> Outcome + Send>) -> Outcome {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("gpu-nccl-check".into())
-        .spawn(move || {
-            let _ = tx.send(check());
-        });
-    if let Err(e) = spawned {
-        return Outcome::Fail(format!("cannot start the check's thread: {e}"));
-    }
-    match rx.recv_timeout(CHECK_TIMEOUT) {
-        Ok(outcome) => outcome,
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            println!("FAIL a check hung for {CHECK_TIMEOUT:?}; ending");
-            std::process::exit(1);
+/// Device tensors forward and back on widths (1, 1), rank r on GPU r %
+/// GPUs (see `gpu_device`).
+fn device_run(gpus: usize) -> Outcome {
+    // The upload streams are opened before any channel exists (see
+    // `gpu_device::device_stage`).
+    let mut devices = Vec::new();
+    for gpu in 0..2 {
+        match Device::open(gpu % gpus) {
+            Ok(device) => devices.push(device),
+            Err(e) => return Outcome::Fail(format!("opening GPU {gpu}: {e}")),
         }
-        Err(e) => Outcome::Fail(format!("the check's thread ended without a result: {e}")),
     }
+    let spec = gpu_device::device_spec();
+    let options = Options::training(gpu_device::MINIBATCHES);
+    let results = match run_ranks(&spec, options, gpus, |pipe| {
+        let rank = pipe.plan().rank();
+        let device = devices
+            .get(rank)
+            .ok_or_else(|| TestError(format!("no device opened for rank {rank}")))?;
+        gpu_device::device_stage(pipe, device)
+    }) {
+        Ok(results) => results,
+        Err(outcome) => return outcome,
+    };
+    let mut bytes = 0;
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(received) => bytes += received,
+            Err(why) => return Outcome::Fail(format!("rank {rank}: {why}")),
+        }
+    }
+    Outcome::Pass(gpu_device::device_note(bytes))
 }
 
 /// The channels of `spec` over NCCL, rank r on GPU r % gpus; a refusal of

@@ -11,9 +11,13 @@
 //! engine, which needs it, and of 8 MiB and more for the helper threads,
 //! which do not. The message totals are summed over the ranks. With widths
 //! 1, 2, 1 a last run makes rank 2 fail and checks that its neighbours
-//! fail naming it (through the abort it sends), not hang.
+//! fail naming it (through the abort it sends), not hang. With the `nccl`
+//! and `mpi` features, two more jobs open NCCL channels over MPI (see
+//! `mpi_nccl`).
 
 mod common;
+#[cfg(all(feature = "nccl", feature = "mpi"))]
+mod mpi_nccl;
 
 use common::{finish_or_abort, run_stage, run_stage_wide, spec_for, totals, TestError};
 use kolo_mpi::launcher::{self, Job};
@@ -79,12 +83,26 @@ fn main() -> ExitCode {
             );
         }
     }
+    #[cfg(all(feature = "nccl", feature = "mpi"))]
+    for (name, arg) in [
+        ("mpi_nccl_channels_np2", "--nccl"),
+        (
+            "mpi_nccl_channels_refused_when_funneled_np2",
+            "--nccl-funneled",
+        ),
+    ] {
+        jobs.push(Job::new(name, 2).arg(arg).timeout(Duration::from_secs(60)));
+    }
     launcher::main(jobs, rank_main)
 }
 
 /// One rank: the runs of the module doc; a rank whose check fails aborts
 /// the job (its peers would otherwise wait for it forever).
 fn rank_main(args: &[String]) -> Result<(), String> {
+    #[cfg(all(feature = "nccl", feature = "mpi"))]
+    if let Some(arg) = args.iter().find(|a| a.starts_with("--nccl")) {
+        return mpi_nccl::channels_or_a_named_error(arg == "--nccl-funneled");
+    }
     let widths: Vec<usize> = launcher::flag_value(args, "--widths")
         .unwrap_or_default()
         .split(',')

@@ -1,25 +1,23 @@
-//! The device-tensor check of `gpu_nccl`: widths (1, 1) over NCCL
-//! channels in thread mode, rank r on GPU r % GPUs, f32 "act" and i32 "ids"
+//! The device-tensor check shared by `gpu_nccl` (threads) and
+//! `gpu_nccl_mpi` (processes): widths (1, 1), f32 "act" and i32 "ids"
 //! moved GPU to GPU forward and back (`send_device` / `recv_device`) for
 //! several minibatches whose shapes differ, one of them 8 MiB; every
 //! tensor is checked on its receiver after a copy to the host.
 
 use super::common::TestError;
-use super::{run_ranks, Outcome};
 use kolo_nccl::Device;
 use kolo_pipeline::{
-    DeviceTensor, Direction, Options, Pipeline, PipelineError, PipelineSpec, Tensor, TensorSpec,
+    DeviceTensor, Direction, Pipeline, PipelineError, PipelineSpec, Tensor, TensorSpec,
 };
 use kolo_protocol::DataType;
 
 /// Minibatches per run (minibatch 2's "act" is the 8 MiB one).
-const MINIBATCHES: u64 = 5;
+pub const MINIBATCHES: u64 = 5;
 
-/// Device tensors forward and back on widths (1, 1); the receiver checks
-/// every value, its GPU, and that a device message cannot be taken as a
-/// host tensor (it stays queued for `recv_device`).
-pub fn device_run(gpus: usize) -> Outcome {
-    let spec = PipelineSpec::with_widths(&[1, 1])
+/// Widths (1, 1): "act" (f32) and "ids" (i32) from stage 0 to stage 1,
+/// with gradients.
+pub fn device_spec() -> PipelineSpec {
+    PipelineSpec::with_widths(&[1, 1])
         .tensor(
             TensorSpec::new("act", DataType::F32, 1)
                 .from_stage(0)
@@ -29,35 +27,15 @@ pub fn device_run(gpus: usize) -> Outcome {
             TensorSpec::new("ids", DataType::I32, 2)
                 .from_stage(0)
                 .to_stage(1),
-        );
-    // The upload streams are opened before any channel exists: cudarc
-    // synchronizes the whole CUDA context when a `CudaContext` gets its
-    // first stream, which would wait for the channels' pending receives.
-    let mut devices = Vec::new();
-    for gpu in 0..2 {
-        match Device::open(gpu % gpus) {
-            Ok(device) => devices.push(device),
-            Err(e) => return Outcome::Fail(format!("opening GPU {gpu}: {e}")),
-        }
-    }
-    let options = Options::training(MINIBATCHES);
-    let results = match run_ranks(&spec, options, gpus, |pipe| {
-        device_stage(pipe, &devices, gpus)
-    }) {
-        Ok(results) => results,
-        Err(outcome) => return outcome,
-    };
-    let mut bytes = 0;
-    for (rank, result) in results.into_iter().enumerate() {
-        match result {
-            Ok(received) => bytes += received,
-            Err(why) => return Outcome::Fail(format!("rank {rank}: {why}")),
-        }
-    }
-    Outcome::Pass(format!(
+        )
+}
+
+/// The `PASS` note for `bytes` received on the GPUs.
+pub fn device_note(bytes: usize) -> String {
+    format!(
         ": {MINIBATCHES} minibatches of f32 and i32 each way, {:.1} MiB received on the GPUs",
         bytes as f64 / (1 << 20) as f64
-    ))
+    )
 }
 
 /// Minibatch `g`'s shape of `name`: it changes with `g`; "act" of
@@ -93,16 +71,15 @@ fn values(name: &str, g: u64, direction: Direction) -> Result<Tensor, TestError>
 }
 
 /// Rank 0 sends "act" and "ids" of each minibatch forward from its GPU
-/// (uploaded on `devices[rank]`'s stream)
-/// and checks the gradients that come back; rank 1 checks what arrives,
-/// sends a new "act" back and the received "ids" buffer itself. Returns
-/// the bytes this rank received.
-fn device_stage(pipe: &Pipeline, devices: &[Device], gpus: usize) -> Result<usize, TestError> {
+/// `device` (uploaded on its stream; open it before the channels: cudarc
+/// synchronizes the whole CUDA context when a `CudaContext` gets its first
+/// stream, which would wait for the channels' pending receives) and checks
+/// the gradients that come back; rank 1 checks what arrives, sends a new
+/// "act" back and the received "ids" buffer itself. Received tensors must
+/// be on `device`. Returns the bytes this rank received.
+pub fn device_stage(pipe: &Pipeline, device: &Device) -> Result<usize, TestError> {
     let rank = pipe.plan().rank();
-    let gpu = rank % gpus;
-    let device = devices
-        .get(rank)
-        .ok_or_else(|| TestError(format!("no device opened for rank {rank}")))?;
+    let gpu = device.ordinal();
     let upload = |name: &str, g: u64, direction: Direction| -> Result<DeviceTensor, TestError> {
         Ok(DeviceTensor::from_host(
             device.stream(),

@@ -14,7 +14,9 @@
 //! does); [`MpiComm::thread_level`] reports what MPI granted.
 //! [`MpiComm::duplicate`] makes a communicator of the same ranks for
 //! another thread (collective; needs `MPI_THREAD_MULTIPLE`, else
-//! [`MpiError::ThreadLevel`]). [`launcher`] starts a program under
+//! [`MpiError::ThreadLevel`]); [`MpiComm::split`] makes communicators of
+//! subsets of the ranks (kolo-pipeline's two-rank NCCL channels under
+//! `mpirun` bootstrap over them). [`launcher`] starts a program under
 //! `mpirun` from itself, which is how kolo's MPI tests run from
 //! `cargo test`.
 //!

@@ -2,9 +2,7 @@
 //! rank, with a message naming both values, and the next operation works.
 //! Bad arguments seen locally fail at once.
 
-mod common;
-
-use common::{config, expect_err};
+use crate::{expect_err, Digest};
 use kolo::{Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
 
 /// One mismatch: what each rank submits as tensor "m" (rank 0 one way,
@@ -135,115 +133,117 @@ const CASES: &[Case] = &[
     },
 ];
 
-#[test]
-fn the_mismatch_matrix() {
-    for n in [2, 3] {
-        kolo::threads::run(n, config(), |kolo| {
-            for (i, case) in CASES.iter().enumerate() {
-                let err = expect_err((case.submit)(kolo, kolo.rank() == 0), case.what);
-                assert!(
-                    matches!(err, Error::Mismatch { .. } | Error::Remote { .. }),
-                    "{}: {err:?}",
-                    case.what
-                );
-                assert_eq!(err.tensor(), Some("m"));
-                let message = err.to_string();
-                for value in case.values {
-                    assert!(
-                        message.contains(value),
-                        "{}: {message:?} lacks {value:?}",
-                        case.what
-                    );
-                }
-                // The engine keeps serving: the next operation succeeds.
-                let mut next = [1i32; 3];
-                kolo.allreduce(&format!("after/{i}"), &mut next, ReduceOp::Sum)?;
-                assert_eq!(next, [kolo.size() as i32; 3]);
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+/// Every mismatch, each followed by an operation that must succeed.
+pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<Digest, Error> {
+    for (i, case) in CASES.iter().enumerate() {
+        let err = expect_err((case.submit)(kolo, kolo.rank() == 0), case.what);
+        assert!(
+            matches!(err, Error::Mismatch { .. } | Error::Remote { .. }),
+            "{}: {err:?}",
+            case.what
+        );
+        assert_eq!(err.tensor(), Some("m"), "{}", case.what);
+        let message = err.to_string();
+        for value in case.values {
+            assert!(
+                message.contains(value),
+                "{}: {message:?} lacks {value:?}",
+                case.what
+            );
+        }
+        // The engine keeps serving: the next operation succeeds.
+        let mut next = [1i32; 3];
+        kolo.allreduce(&format!("after/{i}"), &mut next, ReduceOp::Sum)?;
+        assert_eq!(next, [kolo.size() as i32; 3], "{}", case.what);
     }
+    Ok(None)
 }
 
-#[test]
-fn a_name_in_flight_is_rejected_at_once() {
-    kolo::threads::run(2, config(), |kolo| {
-        let mut a = [1i32; 4];
-        let mut b = [1i32; 4];
-        let first = kolo.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
-        let err = expect_err(
-            kolo.allreduce_async("dup", &mut b, ReduceOp::Sum),
-            "duplicate",
-        );
-        assert_eq!(
-            err,
-            Error::DuplicateName {
-                tensor: "dup".into()
-            }
-        );
-        assert!(err.to_string().contains("'dup'"));
-        // A group naming a tensor twice is rejected whole.
-        let mut c = [0i32; 1];
-        let mut d = [0i32; 1];
-        let err = expect_err(
-            kolo.grouped_allreduce(
-                &mut [("twice", &mut c[..]), ("twice", &mut d[..])],
-                ReduceOp::Sum,
-            ),
-            "group",
-        );
-        assert_eq!(
-            err,
-            Error::DuplicateName {
-                tensor: "twice".into()
-            }
-        );
-        first.wait()?;
-        assert_eq!(a, [2; 4]);
-        // Once complete, the name is free again.
-        kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
-        assert_eq!(b, [2; 4]);
-        Ok(())
-    })
-    .unwrap();
+/// A name submitted again while in flight is rejected at once; so is a
+/// group naming a tensor twice.
+pub fn a_name_in_flight_is_rejected(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as i32;
+    let mut a = [1i32; 4];
+    let mut b = [1i32; 4];
+    let first = kolo.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
+    let err = expect_err(
+        kolo.allreduce_async("dup", &mut b, ReduceOp::Sum),
+        "duplicate",
+    );
+    assert_eq!(
+        err,
+        Error::DuplicateName {
+            tensor: "dup".into()
+        }
+    );
+    assert!(err.to_string().contains("'dup'"));
+    // A group naming a tensor twice is rejected whole.
+    let mut c = [0i32; 1];
+    let mut d = [0i32; 1];
+    let err = expect_err(
+        kolo.grouped_allreduce(
+            &mut [("twice", &mut c[..]), ("twice", &mut d[..])],
+            ReduceOp::Sum,
+        ),
+        "group",
+    );
+    assert_eq!(
+        err,
+        Error::DuplicateName {
+            tensor: "twice".into()
+        }
+    );
+    first.wait()?;
+    assert_eq!(a, [n; 4]);
+    // Once complete, the name is free again.
+    kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
+    assert_eq!(b, [n; 4]);
+    Ok(None)
 }
 
-#[test]
-fn local_argument_errors_name_the_tensor() {
-    kolo::threads::run(2, config(), |kolo| {
-        let mut data = [0i32; 6];
-        let err = expect_err(
-            kolo.allreduce("bad/shape", TensorMut::with_shape(&mut data, [4, 2]), ReduceOp::Sum),
-            "shape",
-        );
-        assert!(matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/shape" && reason.contains("[4, 2]")));
+/// Bad arguments seen locally fail at once, naming the tensor.
+pub fn local_argument_errors(kolo: &Kolo) -> Result<Digest, Error> {
+    let mut data = [0i32; 6];
+    let err = expect_err(
+        kolo.allreduce(
+            "bad/shape",
+            TensorMut::with_shape(&mut data, [4, 2]),
+            ReduceOp::Sum,
+        ),
+        "shape",
+    );
+    assert!(
+        matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/shape" && reason.contains("[4, 2]"))
+    );
 
-        let input = [0i32; 10];
-        let mut wrong = [0i32; 3];
-        let err = expect_err(kolo.reduce_scatter("bad/rs", &input, &mut wrong, ReduceOp::Sum), "output");
-        assert!(matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/rs" && reason.contains("holds 3")));
-        // Nothing was submitted: the names are free and the engine serves.
-        kolo.allreduce("bad/shape", &mut data, ReduceOp::Sum)?;
-        Ok(())
-    })
-    .unwrap();
+    let input = [0i32; 10];
+    let mut wrong = vec![0i32; kolo::split_rows(10, kolo.size())[kolo.rank()] + 1];
+    let holds = format!("holds {}", wrong.len());
+    let err = expect_err(
+        kolo.reduce_scatter("bad/rs", &input, &mut wrong, ReduceOp::Sum),
+        "output",
+    );
+    assert!(
+        matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/rs" && reason.contains(&holds)),
+        "{err:?}"
+    );
+    // Nothing was submitted: the names are free and the engine serves.
+    kolo.allreduce("bad/shape", &mut data, ReduceOp::Sum)?;
+    Ok(None)
 }
 
-#[test]
-fn alltoall_splits_that_do_not_add_up_fail_everywhere() {
-    kolo::threads::run(2, config(), |kolo| {
-        let send = [1i32; 4];
-        let splits = if kolo.rank() == 0 {
-            vec![1, 2]
-        } else {
-            vec![2, 2]
-        };
-        let err = expect_err(kolo.alltoall("bad/a2a", &send, &splits), "splits");
-        assert!(err.to_string().contains("[1, 2]"), "{err}");
-        let got = kolo.alltoall("good/a2a", &send, &[2, 2])?;
-        assert_eq!(got.splits, [2, 2]);
-        Ok(())
-    })
-    .unwrap();
+/// Alltoall splits that do not add up fail on every rank.
+pub fn alltoall_bad_splits(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size();
+    let send = vec![1i32; 2 * n];
+    let good = vec![2; n];
+    // Rank 0's splits add up to one row less than it sends.
+    let mut bad = good.clone();
+    bad[0] = 1;
+    let splits = if kolo.rank() == 0 { &bad } else { &good };
+    let err = expect_err(kolo.alltoall("bad/a2a", &send, splits), "splits");
+    assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+    let got = kolo.alltoall("good/a2a", &send, &good)?;
+    assert_eq!(got.splits, good);
+    Ok(None)
 }

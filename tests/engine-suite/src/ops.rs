@@ -1,0 +1,258 @@
+//! Every operation through the engine, with exact (integer) results;
+//! random submission orders; handles; several user threads per rank.
+
+use crate::{Digest, Rng};
+use kolo::{split_rows, Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
+
+/// Allreduce with every reduce op, on integers and floats.
+pub fn allreduces(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
+    let mut sum = vec![r + 1; 5];
+    kolo.allreduce("sum", &mut sum, ReduceOp::Sum)?;
+    assert_eq!(sum, vec![n * (n + 1) / 2; 5]);
+
+    let mut prod = vec![(r + 1) as i32; 3];
+    kolo.allreduce("prod", &mut prod, ReduceOp::Product)?;
+    assert_eq!(prod, vec![(1..=n as i32).product::<i32>(); 3]);
+
+    let mut min = [r as i16 - 3, 10 - r as i16];
+    kolo.allreduce("min", &mut min, ReduceOp::Min)?;
+    assert_eq!(min, [-3, 10 - (n as i16 - 1)]);
+
+    let mut max = vec![r as u8; 7];
+    kolo.allreduce("max", &mut max, ReduceOp::Max)?;
+    assert_eq!(max, vec![n as u8 - 1; 7]);
+
+    // Sum of r * n over r, divided by n: exact.
+    let mut avg = vec![r * n; 4];
+    kolo.allreduce("avg", &mut avg, ReduceOp::Average)?;
+    assert_eq!(avg, vec![n * (n - 1) / 2; 4]);
+
+    // 2-D view, scale factors: 0.5 * sum(2 * (r + 1)) = n (n + 1) / 2.
+    let mut m = vec![(r + 1) as f64; 6];
+    let options = ReduceOptions::new(ReduceOp::Sum)
+        .prescale(2.0)
+        .postscale(0.5);
+    kolo.allreduce("scaled", TensorMut::with_shape(&mut m, [2, 3]), options)?;
+    assert_eq!(m, vec![(n * (n + 1) / 2) as f64; 6]);
+
+    // A tensor above MPI's eager limit (rendezvous protocol).
+    let mut big = vec![r as i32 + 1; 1 << 18];
+    kolo.allreduce("big", &mut big, ReduceOp::Sum)?;
+    assert!(big.iter().all(|&v| v == (n * (n + 1) / 2) as i32));
+    Ok(None)
+}
+
+/// f16, bf16 (kolo's own MPI datatypes and reductions) and bool.
+pub fn half_precision_and_bool(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as f32;
+    let mut h = vec![half::f16::from_f32(1.5); 8];
+    kolo.allreduce("f16", &mut h, ReduceOp::Sum)?;
+    assert!(h.iter().all(|v| v.to_f32() == 1.5 * n), "{h:?}");
+    let mut b = vec![half::bf16::from_f32(kolo.rank() as f32); 5];
+    kolo.allreduce("bf16", &mut b, ReduceOp::Max)?;
+    assert!(b.iter().all(|v| v.to_f32() == n - 1.0), "{b:?}");
+    let mut any = [kolo.rank() == 1, false];
+    kolo.allreduce("bool", &mut any, ReduceOp::Max)?;
+    assert_eq!(any, [true, false]);
+    Ok(None)
+}
+
+/// Allgather with a different first dimension on every rank.
+pub fn allgathers(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    // Rank r contributes r + 1 rows of 2 columns, valued 100 r + row.
+    let local: Vec<i32> = (0..(r + 1) * 2).map(|i| (100 * r + i / 2) as i32).collect();
+    let all = kolo.allgather("gather", Tensor::with_shape(&local, [r + 1, 2]))?;
+    let expected: Vec<i32> = (0..n)
+        .flat_map(|p| (0..(p + 1) * 2).map(move |i| (100 * p + i / 2) as i32))
+        .collect();
+    assert_eq!(all, expected);
+
+    // A rank with no rows at all.
+    let rows = if r == 0 { 0 } else { 1 };
+    let few = vec![r as u16; rows];
+    let all = kolo.allgather("gather/empty", &few)?;
+    assert_eq!(all, (1..n as u16).collect::<Vec<_>>());
+    Ok(None)
+}
+
+/// Broadcast from the last rank and from rank 0.
+pub fn broadcasts(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let mut buf = vec![r as i64 * 7; 9];
+    kolo.broadcast("bcast", &mut buf, n - 1)?;
+    assert_eq!(buf, vec![(n as i64 - 1) * 7; 9]);
+    let mut flags = [r == 0; 3];
+    kolo.broadcast("bcast/bool", &mut flags, 0)?;
+    assert_eq!(flags, [true; 3]);
+    Ok(None)
+}
+
+/// Reduce-scatter of 2n + 1 rows: the first ranks get an extra row.
+pub fn reduce_scatters(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    // 2n + 1 rows of 3: the first ranks get an extra row.
+    let rows = 2 * n + 1;
+    let input: Vec<i32> = (0..rows * 3).map(|i| (i as i32) * 10 + r as i32).collect();
+    let split = split_rows(rows, n);
+    let start: usize = split[..r].iter().sum();
+    let mut shard = vec![0i32; split[r] * 3];
+    kolo.reduce_scatter(
+        "rs",
+        Tensor::with_shape(&input, [rows, 3]),
+        &mut shard,
+        ReduceOp::Sum,
+    )?;
+    let rank_sum = (n * (n - 1) / 2) as i32;
+    let expected: Vec<i32> = (start * 3..(start + split[r]) * 3)
+        .map(|i| i as i32 * 10 * n as i32 + rank_sum)
+        .collect();
+    assert_eq!(shard, expected);
+    Ok(None)
+}
+
+/// Alltoall with a different split for every pair of ranks.
+pub fn alltoalls(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    // Rank r sends (r + p) % 3 rows of 2 to rank p, valued 1000 r + 10 p + k.
+    let splits: Vec<usize> = (0..n).map(|p| (r + p) % 3).collect();
+    let send: Vec<i32> = (0..n)
+        .flat_map(|p| (0..splits[p] * 2).map(move |k| (1000 * r + 10 * p + k) as i32))
+        .collect();
+    let rows: usize = splits.iter().sum();
+    let got = kolo.alltoall("a2a", Tensor::with_shape(&send, [rows, 2]), &splits)?;
+    let expected_splits: Vec<usize> = (0..n).map(|p| (p + r) % 3).collect();
+    let expected: Vec<i32> = (0..n)
+        .flat_map(|p| (0..expected_splits[p] * 2).map(move |k| (1000 * p + 10 * r + k) as i32))
+        .collect();
+    assert_eq!(got.splits, expected_splits);
+    assert_eq!(got.data, expected);
+    Ok(None)
+}
+
+/// A grouped allreduce, an owned allreduce and a barrier.
+pub fn grouped_owned_and_barrier(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank() as i32, kolo.size() as i32);
+    let mut a = vec![r; 10];
+    let mut b = vec![2 * r; 3];
+    kolo.grouped_allreduce(
+        &mut [("g/a", &mut a[..]), ("g/b", &mut b[..])],
+        ReduceOp::Sum,
+    )?;
+    assert_eq!(a, vec![n * (n - 1) / 2; 10]);
+    assert_eq!(b, vec![n * (n - 1); 3]);
+    let owned = kolo.allreduce_owned("owned", vec![1i64; 4], ReduceOp::Sum)?;
+    assert_eq!(owned, vec![n as i64; 4]);
+    kolo.barrier()?;
+    Ok(None)
+}
+
+/// Several user threads of one rank submitting at once (the engine's
+/// background thread makes every backend call).
+pub fn several_user_threads(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as i64;
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|w| {
+                s.spawn(move || {
+                    for step in 0..4 {
+                        let mut x = vec![w as i64 + 1; 64];
+                        kolo.allreduce(&format!("w{w}/s{step}"), &mut x, ReduceOp::Sum)?;
+                        assert_eq!(x, vec![(w as i64 + 1) * n; 64]);
+                    }
+                    Ok::<(), Error>(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| match w.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        })
+    })?;
+    Ok(None)
+}
+
+/// Three rounds of 12 allreduces (and 3 allgathers) submitted
+/// asynchronously in a different random order on every rank.
+pub fn shuffled_submission_orders(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let mut rng = Rng::new(r as u64 + 17);
+    for round in 0..3 {
+        let mut order: Vec<usize> = (0..12).collect();
+        rng.shuffle(&mut order);
+        let mut bufs: Vec<Vec<i64>> = (0..12).map(|t| vec![(r * t) as i64; t + 1]).collect();
+        let mut gathers = Vec::new();
+        let mut reduces = Vec::new();
+        for (t, buf) in order.iter().copied().zip(shuffle_refs(&mut bufs, &order)) {
+            if t % 4 == 3 {
+                let local = vec![t as i64; r + 1];
+                gathers.push((t, kolo.allgather_async(&format!("r{round}/g{t}"), &local)?));
+            }
+            reduces.push(kolo.allreduce_async(&format!("r{round}/t{t}"), buf, ReduceOp::Sum)?);
+        }
+        for h in reduces {
+            h.wait()?;
+        }
+        for (t, h) in gathers {
+            assert_eq!(h.wait()?, vec![t as i64; n * (n + 1) / 2]);
+        }
+        for (t, buf) in bufs.iter().enumerate() {
+            assert_eq!(
+                buf,
+                &vec![(t * n * (n - 1) / 2) as i64; t + 1],
+                "round {round} tensor {t}"
+            );
+        }
+    }
+    Ok(None)
+}
+
+/// Mutable references to `bufs` in the order `order`.
+fn shuffle_refs<'a>(bufs: &'a mut [Vec<i64>], order: &[usize]) -> Vec<&'a mut Vec<i64>> {
+    let mut slots: Vec<Option<&'a mut Vec<i64>>> = bufs.iter_mut().map(Some).collect();
+    order.iter().filter_map(|&t| slots[t].take()).collect()
+}
+
+/// A handle polled to completion, awaited, dropped and forgotten.
+pub fn handles_wait_poll_and_await(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as i32;
+    // poll until done.
+    let mut a = vec![1i32; 100];
+    let mut h = kolo.allreduce_async("poll", &mut a, ReduceOp::Sum)?;
+    let result = loop {
+        if let Some(result) = h.poll() {
+            break result;
+        }
+        std::thread::yield_now();
+    };
+    result?;
+    assert!(h.is_complete());
+    assert!(
+        h.poll().is_some_and(|r| r.is_err()),
+        "a spent handle says so"
+    );
+    drop(h);
+    assert_eq!(a, vec![n; 100]);
+
+    // .await
+    let mut b = vec![2i32; 10];
+    futures_executor::block_on(kolo.allreduce_async("await", &mut b, ReduceOp::Sum)?)?;
+    assert_eq!(b, vec![2 * n; 10]);
+    let gathered =
+        futures_executor::block_on(kolo.allgather_async("await/g", &[kolo.rank() as u8])?)?;
+    assert_eq!(gathered, (0..n as u8).collect::<Vec<_>>());
+
+    // Dropped and forgotten handles: the operation runs, the buffer is
+    // untouched, and the name is free again afterwards.
+    let mut c = vec![5i32; 4];
+    drop(kolo.allreduce_async("dropped", &mut c, ReduceOp::Sum)?);
+    std::mem::forget(kolo.allreduce_async("forgotten", &mut c, ReduceOp::Sum)?);
+    c.fill(0);
+    kolo.barrier()?;
+    assert_eq!(c, vec![0; 4]);
+    let mut d = vec![1i32; 4];
+    kolo.allreduce("dropped", &mut d, ReduceOp::Sum)?;
+    assert_eq!(d, vec![n; 4]);
+    Ok(None)
+}

@@ -86,7 +86,8 @@ fn cache_and_fusion_do_not_change_results() {
     let (reference_lines, ended) = run_job(&reference, dir.path());
     let mut verdicts = judge(&reference, &reference_lines, dir.path());
     verdicts.push(ended);
-    let variants: [(&str, fn(Config) -> Config); 5] = [
+    type Settings = fn(Config) -> Config;
+    let variants: [(&str, Settings); 5] = [
         ("no_cache", |c| c.cache_capacity(0)),
         ("no_fusion", |c| c.fusion_threshold(0)),
         ("neither", |c| c.cache_capacity(0).fusion_threshold(0)),

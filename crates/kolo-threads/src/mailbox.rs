@@ -106,7 +106,9 @@ impl Mailboxes {
     /// Sends `buf` from `src` to `dst` by lending it: copied into a posted
     /// receive at once, or queued for the receiver to copy out. The
     /// returned loan keeps `buf` borrowed until it is settled (or
-    /// dropped, which withdraws or waits out the loan).
+    /// dropped, which withdraws or waits out the loan). It must not be
+    /// leaked (`mem::forget`): the receiver could then copy out of a
+    /// buffer that no longer exists.
     pub(crate) fn lend<'a, T: Element>(
         &'a self,
         src: usize,

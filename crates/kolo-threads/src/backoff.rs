@@ -31,7 +31,7 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// The budget for `ranks` threads on `cores` cores.
-    pub(crate) fn for_ranks(ranks: usize, cores: usize) -> Self {
+    pub(crate) const fn for_ranks(ranks: usize, cores: usize) -> Self {
         if ranks <= cores {
             Backoff {
                 spin: Duration::from_micros(20),

@@ -3,10 +3,14 @@
 
 use crate::call::Kind;
 use crate::comm::ThreadComm;
-use crate::mailbox::Message;
 use crate::{allreduce, control, exchange};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Collectives, Element, MemoryKind, Result, Scale, Topology, Transaction};
+
+/// The size from which `sendrecv` lends its send buffer (one copy)
+/// instead of copying it into the mailbox (two copies, but no wait for the
+/// receiver).
+pub(crate) const LEND_BYTES: usize = 32 << 10;
 
 impl Topology for ThreadComm {
     fn rank(&self) -> usize {
@@ -32,14 +36,12 @@ impl Collectives for ThreadComm {
         MemoryKind::Host
     }
 
-    /// Copies `buf` into the (this rank, `peer`, `tag`) mailbox and returns
-    /// without waiting for the receiver.
+    /// Copies `buf` straight into the peer's posted receive, or, if it has
+    /// none yet, into the (this rank, `peer`, `tag`) mailbox; never waits
+    /// for the receiver.
     fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
         self.check_peer(peer, "send")?;
-        self.world
-            .mail
-            .post(self.rank, peer, tag, Message::new(buf));
-        Ok(())
+        self.world.mail.send(self.rank, peer, tag, buf)
     }
 
     fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
@@ -47,14 +49,15 @@ impl Collectives for ThreadComm {
         let world = &self.world;
         let result = world
             .mail
-            .take(self.rank, peer, tag, &world.health, &world.backoff)
-            .and_then(|message| {
-                message.copy_into(buf, || format!("recv from rank {peer} with tag {tag}"))
-            });
+            .recv(self.rank, peer, tag, buf, &world.health, &world.backoff);
         self.observe(result)
     }
 
-    /// Sends are buffered, so sending first never deadlocks.
+    /// Small messages are sent eagerly (buffered, so sending first never
+    /// deadlocks). From [`LEND_BYTES`] on, `send` is lent to `dst`, which
+    /// copies it straight into its receive buffer (one copy instead of two
+    /// and no allocation); the call then returns once `dst` has copied it,
+    /// as MPI's rendezvous sends do.
     fn sendrecv<T: Element>(
         &mut self,
         send: &[T],
@@ -63,8 +66,20 @@ impl Collectives for ThreadComm {
         src: usize,
         tag: u32,
     ) -> Result<()> {
-        self.send(send, dst, tag)?;
-        self.recv(recv, src, tag)
+        if std::mem::size_of_val(send) < LEND_BYTES {
+            self.send(send, dst, tag)?;
+            return self.recv(recv, src, tag);
+        }
+        self.check_peer(dst, "sendrecv")?;
+        self.check_peer(src, "sendrecv")?;
+        let (world, rank) = (&self.world, self.rank);
+        let (health, backoff) = (&world.health, &world.backoff);
+        let loan = world.mail.lend(rank, dst, tag, send, health, backoff)?;
+        let received = world.mail.recv(rank, src, tag, recv, health, backoff);
+        // Wait for `dst` only if this rank's own receive worked; otherwise
+        // take the loan back (the call fails anyway).
+        let sent = loan.settle(received.is_ok());
+        self.observe(received.and(sent))
     }
 
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {

@@ -9,9 +9,10 @@
 //! plane ([`Controller`]) and the host data plane ([`Collectives`]) — with
 //! shared-memory algorithms and no staging copies: the ranks publish their
 //! buffers' addresses and read each other's in place (allreduce reduces
-//! each rank's 1/n chunk straight from the peers' buffers), sends are
-//! buffered in per-(source, destination, tag) mailboxes, and barriers spin
-//! briefly before they sleep. Arguments that do not fit together across
+//! each rank's 1/n chunk straight from the peers' buffers), a send copies
+//! straight into the peer's posted receive or else into a per-(source,
+//! destination, tag) mailbox (large `sendrecv`s lend their buffer for the
+//! receiver to copy once), and barriers spin briefly before they sleep. Arguments that do not fit together across
 //! ranks (lengths, counts, roots, ops, element types, or two different
 //! collectives) are an `InvalidArgument` on every rank.
 //!
@@ -51,6 +52,7 @@ mod error;
 mod exchange;
 mod health;
 mod mailbox;
+mod message;
 mod partition;
 mod reduce;
 mod run;

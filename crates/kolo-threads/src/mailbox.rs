@@ -1,71 +1,47 @@
-//! Buffered point-to-point messages: one inbox per destination rank, one
-//! FIFO queue per (source, tag) inside it.
+//! Point-to-point messages: one inbox per destination rank, holding per
+//! (source, tag) a FIFO queue of messages and a FIFO queue of posted
+//! receives (never both non-empty: a receive takes a queued message
+//! before it posts, a send fills a posted receive before it queues).
 //!
-//! `post` copies the elements into the queue and returns at once, so
-//! `send` never waits for the receiver; `take` waits for the next message
-//! of its queue. Messages keep their Rust type, so a receiver that asks for
-//! another element type gets an error, never reinterpreted bytes.
+//! - [`Mailboxes::send`] never waits: it copies straight into a posted
+//!   receive if there is one (one copy), else queues an eager copy for a
+//!   later receive (two copies).
+//! - [`Mailboxes::lend`] (large `sendrecv`s) fills a posted receive too,
+//!   else queues the sender's buffer itself: the receiver copies out of it
+//!   (one copy) and the sender waits for that in [`Loan::settle`].
+//! - [`Mailboxes::recv`] takes the next queued message, else posts its
+//!   buffer and waits for a sender to fill it.
+//!
+//! Messages a peer sent before it went down are still delivered; a
+//! receive (or a loan) whose peer is down and that no one has claimed is
+//! withdrawn and fails with `PeerFailed`. One that was claimed is being
+//! copied by the live peer (a rank goes down only from its own thread, so
+//! never in the middle of a copy) and completes.
 
 use crate::backoff::Backoff;
 use crate::health::Health;
+use crate::message::{Lent, Message, Posted, Signal};
 use crossbeam_utils::CachePadded;
 use kolo_transport::{Element, TransportError};
 use parking_lot::{Condvar, Mutex};
-use std::any::Any;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::marker::PhantomData;
+use std::sync::Arc;
 
-/// One message: the sender's elements, as a `Vec<T>` of their type.
-pub(crate) struct Message {
-    dtype: kolo_protocol::DataType,
-    data: Box<dyn Any + Send>,
+type Key = (usize, u32);
+
+#[derive(Default)]
+struct Boxes {
+    queued: HashMap<Key, VecDeque<Message>>,
+    posted: HashMap<Key, VecDeque<Arc<Posted>>>,
 }
-
-impl Message {
-    /// Copies `buf` into a message.
-    pub(crate) fn new<T: Element>(buf: &[T]) -> Self {
-        Message {
-            dtype: T::DTYPE,
-            data: Box::new(buf.to_vec()),
-        }
-    }
-
-    /// Copies the message into `buf`: an error if the element type or the
-    /// length differs. `what` names the receive in the error.
-    pub(crate) fn copy_into<T: Element>(
-        self,
-        buf: &mut [T],
-        what: impl FnOnce() -> String,
-    ) -> Result<(), TransportError> {
-        let Ok(data) = self.data.downcast::<Vec<T>>() else {
-            return Err(TransportError::InvalidArgument(format!(
-                "{}: the message holds {} elements but the receive buffer holds {}",
-                what(),
-                self.dtype,
-                T::DTYPE
-            )));
-        };
-        if data.len() != buf.len() {
-            return Err(TransportError::InvalidArgument(format!(
-                "{}: the message has {} elements but the receive buffer has {}",
-                what(),
-                data.len(),
-                buf.len()
-            )));
-        }
-        buf.copy_from_slice(&data);
-        Ok(())
-    }
-}
-
-type Queues = HashMap<(usize, u32), VecDeque<Message>>;
 
 #[derive(Default)]
 struct Inbox {
-    queues: Mutex<Queues>,
+    boxes: Mutex<Boxes>,
+    /// Wakes the rank's thread: a message or a copy for it is done, or a
+    /// peer went down.
     cond: Condvar,
-    /// Bumped on every post: lets a receiver spin without the lock.
-    posts: AtomicU64,
 }
 
 /// The inboxes of every rank of a communicator.
@@ -81,6 +57,11 @@ impl std::fmt::Debug for Mailboxes {
     }
 }
 
+/// The text naming a receive in its errors.
+fn receive_of(src: usize, tag: u32) -> String {
+    format!("recv from rank {src} with tag {tag}")
+}
+
 impl Mailboxes {
     pub(crate) fn new(size: usize) -> Self {
         Mailboxes {
@@ -90,173 +71,267 @@ impl Mailboxes {
         }
     }
 
-    /// Queues `message` from `src` for `dst` (both valid ranks).
-    pub(crate) fn post(&self, src: usize, dst: usize, tag: u32, message: Message) {
-        let Some(inbox) = self.inboxes.get(dst) else {
-            return;
-        };
-        inbox
-            .queues
-            .lock()
-            .entry((src, tag))
-            .or_default()
-            .push_back(message);
-        inbox.posts.fetch_add(1, Ordering::SeqCst);
-        inbox.cond.notify_all();
+    fn inbox(&self, rank: usize) -> Result<&Inbox, TransportError> {
+        self.inboxes
+            .get(rank)
+            .map(|inbox| &**inbox)
+            .ok_or_else(|| TransportError::InvalidArgument(format!("no inbox for rank {rank}")))
     }
 
-    /// Waits for the next message from `src` with `tag` in `dst`'s inbox.
-    /// Messages `src` posted before going down are still delivered; once
-    /// its queue is empty and it is down, fails with `PeerFailed`.
-    pub(crate) fn take(
+    /// Sends `buf` from `src` to `dst` without waiting for the receiver.
+    pub(crate) fn send<T: Element>(
+        &self,
+        src: usize,
+        dst: usize,
+        tag: u32,
+        buf: &[T],
+    ) -> Result<(), TransportError> {
+        let inbox = self.inbox(dst)?;
+        let mut boxes = inbox.boxes.lock();
+        if let Some(posted) = pop(&mut boxes.posted, (src, tag)) {
+            drop(boxes);
+            posted.fill_from(buf, || receive_of(src, tag));
+            self.wake(dst);
+            return Ok(());
+        }
+        boxes
+            .queued
+            .entry((src, tag))
+            .or_default()
+            .push_back(Message::eager(buf));
+        inbox.cond.notify_all();
+        Ok(())
+    }
+
+    /// Sends `buf` from `src` to `dst` by lending it: copied into a posted
+    /// receive at once, or queued for the receiver to copy out. The
+    /// returned loan keeps `buf` borrowed until it is settled (or
+    /// dropped, which withdraws or waits out the loan). It must not be
+    /// leaked (`mem::forget`): the receiver could then copy out of a
+    /// buffer that no longer exists.
+    pub(crate) fn lend<'a, T: Element>(
+        &'a self,
+        src: usize,
+        dst: usize,
+        tag: u32,
+        buf: &'a [T],
+        health: &'a Health,
+        backoff: &'a Backoff,
+    ) -> Result<Loan<'a>, TransportError> {
+        let inbox = self.inbox(dst)?;
+        let mut boxes = inbox.boxes.lock();
+        let done = if let Some(posted) = pop(&mut boxes.posted, (src, tag)) {
+            drop(boxes);
+            posted.fill_from(buf, || receive_of(src, tag));
+            self.wake(dst);
+            None
+        } else {
+            let done = Arc::new(Signal::default());
+            boxes
+                .queued
+                .entry((src, tag))
+                .or_default()
+                .push_back(Message::Lent(Lent::new(buf, Arc::clone(&done))));
+            inbox.cond.notify_all();
+            Some(done)
+        };
+        Ok(Loan {
+            mail: self,
+            health,
+            backoff,
+            src,
+            dst,
+            tag,
+            done,
+            _buf: PhantomData,
+        })
+    }
+
+    /// Receives the next message from `src` with `tag` into `dst`'s `buf`.
+    pub(crate) fn recv<T: Element>(
         &self,
         dst: usize,
         src: usize,
         tag: u32,
+        buf: &mut [T],
         health: &Health,
         backoff: &Backoff,
-    ) -> Result<Message, TransportError> {
-        let Some(inbox) = self.inboxes.get(dst) else {
-            return Err(TransportError::InvalidArgument(format!(
-                "no inbox for rank {dst}"
-            )));
-        };
+    ) -> Result<(), TransportError> {
+        let inbox = self.inbox(dst)?;
         let key = (src, tag);
-        loop {
-            let seen = inbox.posts.load(Ordering::SeqCst);
-            if let Some(message) = pop(&mut inbox.queues.lock(), key) {
-                return Ok(message);
+        let mut boxes = inbox.boxes.lock();
+        if let Some(message) = pop(&mut boxes.queued, key) {
+            drop(boxes);
+            let lent = matches!(message, Message::Lent(_));
+            let result = message.copy_into(buf, || receive_of(src, tag));
+            if lent {
+                self.wake(src);
             }
-            if health.is_down(src) {
-                break;
-            }
-            let arrived = || inbox.posts.load(Ordering::SeqCst) != seen || health.is_down(src);
-            if !backoff.spin_until(arrived) {
-                break;
-            }
+            return result;
         }
-        let mut queues = inbox.queues.lock();
+        // Nothing queued: a peer that is down sends nothing more.
+        if let Some(err) = health.failure_of(src) {
+            return Err(err);
+        }
+        let posted = Arc::new(Posted::new(buf));
+        boxes
+            .posted
+            .entry(key)
+            .or_default()
+            .push_back(Arc::clone(&posted));
+        drop(boxes);
+        let signal = &posted.signal;
+        if !self.wait(dst, Some(src), health, backoff, || signal.is_done()) {
+            let withdrawn = withdraw(&mut inbox.boxes.lock().posted, key, |p| {
+                Arc::ptr_eq(p, &posted)
+            });
+            if withdrawn {
+                return Err(health.failure_of(src).unwrap_or_else(|| {
+                    TransportError::Backend(format!("{}: withdrawn", receive_of(src, tag)))
+                }));
+            }
+            // Claimed by the sender, which is copying: wait it out.
+            self.wait(dst, None, health, backoff, || signal.is_done());
+        }
+        posted.signal.outcome()
+    }
+
+    /// Waits on `rank`'s inbox until `ready` holds (true) or `peer` is
+    /// down (false, unless `ready` holds by then).
+    fn wait(
+        &self,
+        rank: usize,
+        peer: Option<usize>,
+        health: &Health,
+        backoff: &Backoff,
+        ready: impl Fn() -> bool,
+    ) -> bool {
+        let down = || peer.is_some_and(|p| health.is_down(p));
+        if backoff.spin_until(|| ready() || down()) {
+            return ready();
+        }
+        let Ok(inbox) = self.inbox(rank) else {
+            return ready();
+        };
+        let mut boxes = inbox.boxes.lock();
         loop {
-            if let Some(message) = pop(&mut queues, key) {
-                return Ok(message);
+            if ready() {
+                return true;
             }
-            // The peer posts before it goes down, so an empty queue of a
-            // down peer stays empty.
-            if let Some(err) = health.failure_of(src) {
-                return Err(err);
+            if down() {
+                return ready();
             }
-            inbox.cond.wait(&mut queues);
+            inbox.cond.wait(&mut boxes);
         }
     }
 
-    /// Wakes every sleeping receiver so it re-checks [`Health`].
-    pub(crate) fn wake_all(&self) {
-        for inbox in self.inboxes.iter() {
-            let _guard = inbox.queues.lock();
+    /// Wakes `rank`'s thread (after a copy it waits for is done).
+    fn wake(&self, rank: usize) {
+        if let Some(inbox) = self.inboxes.get(rank) {
+            let _guard = inbox.boxes.lock();
             inbox.cond.notify_all();
         }
     }
+
+    /// Wakes every sleeping rank so it re-checks [`Health`].
+    pub(crate) fn wake_all(&self) {
+        for rank in 0..self.inboxes.len() {
+            self.wake(rank);
+        }
+    }
 }
 
-fn pop(queues: &mut Queues, key: (usize, u32)) -> Option<Message> {
-    let queue = queues.get_mut(&key)?;
-    let message = queue.pop_front();
-    if queue.is_empty() {
-        queues.remove(&key);
+/// A buffer lent by [`Mailboxes::lend`]: borrowed until the receiver has
+/// copied it, or until it is withdrawn.
+pub(crate) struct Loan<'a> {
+    mail: &'a Mailboxes,
+    health: &'a Health,
+    backoff: &'a Backoff,
+    src: usize,
+    dst: usize,
+    tag: u32,
+    /// `None` once settled (or when the send filled a posted receive).
+    done: Option<Arc<Signal>>,
+    _buf: PhantomData<&'a [u8]>,
+}
+
+impl Loan<'_> {
+    /// With `wait`: waits until the receiver has copied the buffer, or
+    /// withdraws it and fails with `PeerFailed` if the receiver went down
+    /// first. Without: withdraws it at once unless the receiver is already
+    /// copying (then waits for that), and returns `Ok`.
+    pub(crate) fn settle(mut self, wait: bool) -> Result<(), TransportError> {
+        self.finish(wait)
     }
-    message
+
+    fn finish(&mut self, wait: bool) -> Result<(), TransportError> {
+        let Some(done) = self.done.take() else {
+            return Ok(());
+        };
+        let (mail, health, backoff) = (self.mail, self.health, self.backoff);
+        let is_done = || done.is_done();
+        if wait && mail.wait(self.src, Some(self.dst), health, backoff, is_done) {
+            return Ok(());
+        }
+        let withdrawn = match mail.inbox(self.dst) {
+            Ok(inbox) => withdraw(
+                &mut inbox.boxes.lock().queued,
+                (self.src, self.tag),
+                |m| matches!(m, Message::Lent(lent) if lent.is(&done)),
+            ),
+            Err(_) => false,
+        };
+        if !withdrawn {
+            // The receiver popped it and is copying: wait it out.
+            mail.wait(self.src, None, health, backoff, is_done);
+            return Ok(());
+        }
+        if !wait {
+            return Ok(());
+        }
+        Err(health.failure_of(self.dst).unwrap_or_else(|| {
+            TransportError::Backend(format!(
+                "send to rank {} with tag {}: withdrawn",
+                self.dst, self.tag
+            ))
+        }))
+    }
+}
+
+impl Drop for Loan<'_> {
+    /// Never leaves the buffer reachable from the inbox once its borrow
+    /// ends.
+    fn drop(&mut self) {
+        let _ = self.finish(false);
+    }
+}
+
+/// Pops the front of `key`'s queue in `map`, removing an emptied queue.
+fn pop<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key) -> Option<V> {
+    let queue = map.get_mut(&key)?;
+    let front = queue.pop_front();
+    if queue.is_empty() {
+        map.remove(&key);
+    }
+    front
+}
+
+/// Removes the entry of `key`'s queue in `map` that `is_it` picks; false
+/// if there is none (it was claimed).
+fn withdraw<V>(map: &mut HashMap<Key, VecDeque<V>>, key: Key, is_it: impl Fn(&V) -> bool) -> bool {
+    let Some(queue) = map.get_mut(&key) else {
+        return false;
+    };
+    let Some(at) = queue.iter().position(is_it) else {
+        return false;
+    };
+    queue.remove(at);
+    if queue.is_empty() {
+        map.remove(&key);
+    }
+    true
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::thread;
-
-    fn take_i32(
-        mail: &Mailboxes,
-        health: &Health,
-        dst: usize,
-        src: usize,
-        tag: u32,
-        len: usize,
-    ) -> Result<Vec<i32>, TransportError> {
-        let message = mail.take(dst, src, tag, health, &Backoff::for_ranks(2, 2))?;
-        let mut buf = vec![0i32; len];
-        message.copy_into(&mut buf, || "recv".to_string())?;
-        Ok(buf)
-    }
-
-    #[test]
-    fn order_is_kept_per_source_and_tag() {
-        let (mail, health) = (Mailboxes::new(3), Health::new(3));
-        for i in 0..5 {
-            mail.post(0, 2, 7, Message::new(&[i]));
-            mail.post(1, 2, 7, Message::new(&[100 + i]));
-            mail.post(0, 2, 8, Message::new(&[200 + i]));
-        }
-        for i in 0..5 {
-            assert_eq!(take_i32(&mail, &health, 2, 0, 8, 1).unwrap(), [200 + i]);
-        }
-        for i in 0..5 {
-            assert_eq!(take_i32(&mail, &health, 2, 1, 7, 1).unwrap(), [100 + i]);
-            assert_eq!(take_i32(&mail, &health, 2, 0, 7, 1).unwrap(), [i]);
-        }
-    }
-
-    #[test]
-    fn a_waiting_receiver_gets_a_later_post() {
-        let (mail, health) = (Mailboxes::new(2), Health::new(2));
-        thread::scope(|s| {
-            let receiver = s.spawn(|| take_i32(&mail, &health, 1, 0, 3, 2));
-            thread::sleep(std::time::Duration::from_millis(20));
-            mail.post(0, 1, 3, Message::new(&[4, 5]));
-            assert_eq!(receiver.join().unwrap().unwrap(), [4, 5]);
-        });
-    }
-
-    #[test]
-    fn a_departed_sender_delivers_then_fails() {
-        let (mail, health) = (Mailboxes::new(2), Health::new(2));
-        mail.post(0, 1, 0, Message::new(&[1]));
-        health.mark(0, "rank 0 left the communicator".into(), 0);
-        assert_eq!(take_i32(&mail, &health, 1, 0, 0, 1).unwrap(), [1]);
-        let err = take_i32(&mail, &health, 1, 0, 0, 1).unwrap_err();
-        assert_eq!(
-            err,
-            TransportError::PeerFailed {
-                rank: 0,
-                message: "rank 0 left the communicator".into()
-            }
-        );
-    }
-
-    #[test]
-    fn a_sleeping_receiver_wakes_when_its_peer_fails() {
-        let (mail, health) = (Mailboxes::new(2), Health::new(2));
-        thread::scope(|s| {
-            let receiver = s.spawn(|| take_i32(&mail, &health, 1, 0, 0, 1));
-            thread::sleep(std::time::Duration::from_millis(20));
-            health.mark(0, "boom".into(), 0);
-            mail.wake_all();
-            assert!(matches!(
-                receiver.join().unwrap(),
-                Err(TransportError::PeerFailed { rank: 0, .. })
-            ));
-        });
-    }
-
-    #[test]
-    fn wrong_length_or_type_is_an_error_naming_both() {
-        let (mail, health) = (Mailboxes::new(1), Health::new(1));
-        mail.post(0, 0, 0, Message::new(&[1, 2, 3]));
-        let err = take_i32(&mail, &health, 0, 0, 0, 2)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("3 elements") && err.contains("has 2"), "{err}");
-        mail.post(0, 0, 0, Message::new(&[1.0f32]));
-        let err = take_i32(&mail, &health, 0, 0, 0, 1)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("f32") && err.contains("i32"), "{err}");
-    }
-}
+#[path = "mailbox_tests.rs"]
+mod tests;

@@ -281,3 +281,27 @@ fn topology_is_rank_and_size() {
     });
     assert_eq!(results, [(0, 3, 0, 3), (1, 3, 1, 3), (2, 3, 2, 3)]);
 }
+
+#[test]
+fn a_rank_failing_in_a_ring_of_large_sendrecvs_fails_every_rank() {
+    // Lent buffers (large) and eager copies (small), victims at every
+    // position of the ring: no rank waits forever on a lent buffer.
+    for (victim, len) in [(0, 100_000), (2, 100_000), (1, 5)] {
+        let err = run(4, |comm| {
+            let (me, n) = (comm.rank(), comm.size());
+            for round in 0..8 {
+                if me == victim && round == 3 {
+                    return Err(TransportError::Backend(format!("stopped at {round}")));
+                }
+                let send = vec![(me * 10 + round) as i64; len];
+                let mut recv = vec![0i64; len];
+                comm.sendrecv(&send, (me + 1) % n, &mut recv, (me + n - 1) % n, 4)?;
+                assert_eq!(recv[len - 1], (((me + n - 1) % n) * 10 + round) as i64);
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(err.failures.len(), 4, "{err}");
+        assert_eq!(err.failures[0].rank, victim, "{err}");
+    }
+}

@@ -1,8 +1,8 @@
-//! The mismatch matrix over MPI: requests the ranks cannot perform
-//! together fail that tensor on every rank with a message naming both
-//! values, and the next operation works (as kolo's threads tests,
-//! `crates/kolo/tests/mismatch.rs`).
+//! Requests the ranks cannot perform together fail that tensor on every
+//! rank, with a message naming both values, and the next operation works.
+//! Bad arguments seen locally fail at once.
 
+use crate::{expect_err, Digest};
 use kolo::{Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
 
 /// One mismatch: what each rank submits as tensor "m" (rank 0 one way,
@@ -78,6 +78,19 @@ const CASES: &[Case] = &[
         values: ["scalar", "[]"],
     },
     Case {
+        what: "allgather dimensions",
+        submit: |k, first| {
+            let data = [1i32; 4];
+            let t = if first {
+                Tensor::with_shape(&data, [2, 2])
+            } else {
+                Tensor::from(&data)
+            };
+            k.allgather("m", t).map(drop)
+        },
+        values: ["[2, 2]", "[4]"],
+    },
+    Case {
         what: "allgather trailing dimension",
         submit: |k, first| {
             let data = [1i32; 6];
@@ -100,6 +113,15 @@ const CASES: &[Case] = &[
         values: ["1.0", "2.0"],
     },
     Case {
+        what: "postscale",
+        submit: |k, first| {
+            let options =
+                ReduceOptions::new(ReduceOp::Sum).postscale(if first { 0.5 } else { 0.25 });
+            k.allreduce("m", &mut [1.0f64; 2], options)
+        },
+        values: ["0.5", "0.25"],
+    },
+    Case {
         what: "reduce-scatter shape",
         submit: |k, first| {
             let rows = if first { 4 } else { 6 };
@@ -112,12 +134,9 @@ const CASES: &[Case] = &[
 ];
 
 /// Every mismatch, each followed by an operation that must succeed.
-pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<(), Error> {
+pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<Digest, Error> {
     for (i, case) in CASES.iter().enumerate() {
-        let err = match (case.submit)(kolo, kolo.rank() == 0) {
-            Ok(()) => panic!("{}: expected an error, got Ok", case.what),
-            Err(err) => err,
-        };
+        let err = expect_err((case.submit)(kolo, kolo.rank() == 0), case.what);
         assert!(
             matches!(err, Error::Mismatch { .. } | Error::Remote { .. }),
             "{}: {err:?}",
@@ -137,5 +156,94 @@ pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<(), Error> {
         kolo.allreduce(&format!("after/{i}"), &mut next, ReduceOp::Sum)?;
         assert_eq!(next, [kolo.size() as i32; 3], "{}", case.what);
     }
-    Ok(())
+    Ok(None)
+}
+
+/// A name submitted again while in flight is rejected at once; so is a
+/// group naming a tensor twice.
+pub fn a_name_in_flight_is_rejected(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as i32;
+    let mut a = [1i32; 4];
+    let mut b = [1i32; 4];
+    let first = kolo.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
+    let err = expect_err(
+        kolo.allreduce_async("dup", &mut b, ReduceOp::Sum),
+        "duplicate",
+    );
+    assert_eq!(
+        err,
+        Error::DuplicateName {
+            tensor: "dup".into()
+        }
+    );
+    assert!(err.to_string().contains("'dup'"));
+    // A group naming a tensor twice is rejected whole.
+    let mut c = [0i32; 1];
+    let mut d = [0i32; 1];
+    let err = expect_err(
+        kolo.grouped_allreduce(
+            &mut [("twice", &mut c[..]), ("twice", &mut d[..])],
+            ReduceOp::Sum,
+        ),
+        "group",
+    );
+    assert_eq!(
+        err,
+        Error::DuplicateName {
+            tensor: "twice".into()
+        }
+    );
+    first.wait()?;
+    assert_eq!(a, [n; 4]);
+    // Once complete, the name is free again.
+    kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
+    assert_eq!(b, [n; 4]);
+    Ok(None)
+}
+
+/// Bad arguments seen locally fail at once, naming the tensor.
+pub fn local_argument_errors(kolo: &Kolo) -> Result<Digest, Error> {
+    let mut data = [0i32; 6];
+    let err = expect_err(
+        kolo.allreduce(
+            "bad/shape",
+            TensorMut::with_shape(&mut data, [4, 2]),
+            ReduceOp::Sum,
+        ),
+        "shape",
+    );
+    assert!(
+        matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/shape" && reason.contains("[4, 2]"))
+    );
+
+    let input = [0i32; 10];
+    let mut wrong = vec![0i32; kolo::split_rows(10, kolo.size())[kolo.rank()] + 1];
+    let holds = format!("holds {}", wrong.len());
+    let err = expect_err(
+        kolo.reduce_scatter("bad/rs", &input, &mut wrong, ReduceOp::Sum),
+        "output",
+    );
+    assert!(
+        matches!(&err, Error::InvalidArgument { tensor, reason } if tensor == "bad/rs" && reason.contains(&holds)),
+        "{err:?}"
+    );
+    // Nothing was submitted: the names are free and the engine serves.
+    kolo.allreduce("bad/shape", &mut data, ReduceOp::Sum)?;
+    Ok(None)
+}
+
+/// Alltoall splits that do not add up fail on every rank.
+pub fn alltoall_bad_splits(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size();
+    let send = vec![1i32; 2 * n];
+    let good = vec![2; n];
+    // Rank 0's splits add up to one row less than it sends.
+    let mut bad = good.clone();
+    bad[0] = 1;
+    let splits = if kolo.rank() == 0 { &bad } else { &good };
+    let err = expect_err(kolo.alltoall("bad/a2a", &send, splits), "splits");
+    assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+    let got = kolo.alltoall("good/a2a", &send, &good)?;
+    assert_eq!(got.splits, good);
+    Ok(None)
 }

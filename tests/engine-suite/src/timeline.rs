@@ -1,10 +1,33 @@
-//! The timeline rank 0 wrote during a suite job (the `timeline` case):
-//! negotiation with a ready tick per rank, the fused operation's
-//! activities, and each operation's end with dtype and shape.
+//! The timeline rank 0 writes: negotiation with a ready tick per rank,
+//! the fused operation's activities, each operation's end with dtype and
+//! shape, and cycle marks.
 
-use kolo_mpi::launcher::Verdict;
+use crate::Digest;
+use kolo::{Error, Kolo, ReduceOp, TensorMut};
 use serde_json::Value;
 use std::path::Path;
+
+/// Operations that [`verify`] then finds in rank 0's timeline: a fused
+/// group of three and an uneven allgather.
+pub fn operations(kolo: &Kolo) -> Result<Digest, Error> {
+    let r = kolo.rank();
+    let mut a = vec![1.0f32; 6];
+    let mut b = vec![2.0f32; 3];
+    let mut c = vec![3.0f32; 5];
+    kolo.grouped_allreduce_async(
+        [
+            ("timeline/a", TensorMut::with_shape(&mut a, [2, 3])),
+            ("timeline/b", TensorMut::from(&mut b)),
+            ("timeline/c", TensorMut::from(&mut c)),
+        ],
+        ReduceOp::Sum,
+    )?
+    .wait()?;
+    assert_eq!(a, vec![kolo.size() as f32; 6]);
+    let gathered = kolo.allgather("timeline/gathered", &vec![r as i32; r + 1])?;
+    assert_eq!(gathered.len(), kolo.size() * (kolo.size() + 1) / 2);
+    Ok(None)
+}
 
 /// Parses the trace, an unterminated JSON array (tolerating a closed one).
 fn parse(text: &str) -> Result<Vec<Value>, String> {
@@ -48,9 +71,9 @@ fn expect(cond: bool, what: &str) -> Result<(), String> {
     }
 }
 
-/// The events the `timeline` case (see `cases.rs`) must have left in the
-/// file of a job with `np` ranks.
-fn verify(path: &Path, np: usize) -> Result<(), String> {
+/// Why the file at `path` lacks the events [`operations`] must have left in
+/// a job of `np` ranks (with cycle marks), if it does.
+pub fn verify(path: &Path, np: usize) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let records = parse(&text)?;
     let a = row_of(&records, "timeline/a")?;
@@ -90,13 +113,9 @@ fn verify(path: &Path, np: usize) -> Result<(), String> {
     expect(
         end["args"]["dtype"] == "i32" && end["args"]["shape"] == serde_json::json!([rows]),
         &format!("timeline/gathered ends with {end}, not i32 [{rows}]"),
-    )
-}
-
-/// The verdict of job `job`'s timeline at `path`.
-pub fn check(job: &str, path: &Path, np: usize) -> Verdict {
-    Verdict::new(
-        format!("{job}::timeline_file_holds_the_events"),
-        verify(path, np).err(),
+    )?;
+    expect(
+        records.iter().any(|r| r["name"] == "CYCLE_START"),
+        "no cycle marks",
     )
 }

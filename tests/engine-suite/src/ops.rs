@@ -1,10 +1,11 @@
-//! Every operation through the engine over MPI, with exact (integer)
-//! results: the same checks as kolo's threads tests (`crates/kolo/tests/ops.rs`).
+//! Every operation through the engine, with exact (integer) results;
+//! random submission orders; handles; several user threads per rank.
 
+use crate::{Digest, Rng};
 use kolo::{split_rows, Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
 
 /// Allreduce with every reduce op, on integers and floats.
-pub fn allreduces(kolo: &Kolo) -> Result<(), Error> {
+pub fn allreduces(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
     let mut sum = vec![r + 1; 5];
     kolo.allreduce("sum", &mut sum, ReduceOp::Sum)?;
@@ -39,11 +40,11 @@ pub fn allreduces(kolo: &Kolo) -> Result<(), Error> {
     let mut big = vec![r as i32 + 1; 1 << 18];
     kolo.allreduce("big", &mut big, ReduceOp::Sum)?;
     assert!(big.iter().all(|&v| v == (n * (n + 1) / 2) as i32));
-    Ok(())
+    Ok(None)
 }
 
 /// f16, bf16 (kolo's own MPI datatypes and reductions) and bool.
-pub fn half_precision_and_bool(kolo: &Kolo) -> Result<(), Error> {
+pub fn half_precision_and_bool(kolo: &Kolo) -> Result<Digest, Error> {
     let n = kolo.size() as f32;
     let mut h = vec![half::f16::from_f32(1.5); 8];
     kolo.allreduce("f16", &mut h, ReduceOp::Sum)?;
@@ -54,11 +55,11 @@ pub fn half_precision_and_bool(kolo: &Kolo) -> Result<(), Error> {
     let mut any = [kolo.rank() == 1, false];
     kolo.allreduce("bool", &mut any, ReduceOp::Max)?;
     assert_eq!(any, [true, false]);
-    Ok(())
+    Ok(None)
 }
 
 /// Allgather with a different first dimension on every rank.
-pub fn allgathers(kolo: &Kolo) -> Result<(), Error> {
+pub fn allgathers(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     // Rank r contributes r + 1 rows of 2 columns, valued 100 r + row.
     let local: Vec<i32> = (0..(r + 1) * 2).map(|i| (100 * r + i / 2) as i32).collect();
@@ -73,10 +74,11 @@ pub fn allgathers(kolo: &Kolo) -> Result<(), Error> {
     let few = vec![r as u16; rows];
     let all = kolo.allgather("gather/empty", &few)?;
     assert_eq!(all, (1..n as u16).collect::<Vec<_>>());
-    Ok(())
+    Ok(None)
 }
 
-pub fn broadcasts(kolo: &Kolo) -> Result<(), Error> {
+/// Broadcast from the last rank and from rank 0.
+pub fn broadcasts(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     let mut buf = vec![r as i64 * 7; 9];
     kolo.broadcast("bcast", &mut buf, n - 1)?;
@@ -84,10 +86,11 @@ pub fn broadcasts(kolo: &Kolo) -> Result<(), Error> {
     let mut flags = [r == 0; 3];
     kolo.broadcast("bcast/bool", &mut flags, 0)?;
     assert_eq!(flags, [true; 3]);
-    Ok(())
+    Ok(None)
 }
 
-pub fn reduce_scatters(kolo: &Kolo) -> Result<(), Error> {
+/// Reduce-scatter of 2n + 1 rows: the first ranks get an extra row.
+pub fn reduce_scatters(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     // 2n + 1 rows of 3: the first ranks get an extra row.
     let rows = 2 * n + 1;
@@ -106,10 +109,11 @@ pub fn reduce_scatters(kolo: &Kolo) -> Result<(), Error> {
         .map(|i| i as i32 * 10 * n as i32 + rank_sum)
         .collect();
     assert_eq!(shard, expected);
-    Ok(())
+    Ok(None)
 }
 
-pub fn alltoalls(kolo: &Kolo) -> Result<(), Error> {
+/// Alltoall with a different split for every pair of ranks.
+pub fn alltoalls(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     // Rank r sends (r + p) % 3 rows of 2 to rank p, valued 1000 r + 10 p + k.
     let splits: Vec<usize> = (0..n).map(|p| (r + p) % 3).collect();
@@ -124,10 +128,11 @@ pub fn alltoalls(kolo: &Kolo) -> Result<(), Error> {
         .collect();
     assert_eq!(got.splits, expected_splits);
     assert_eq!(got.data, expected);
-    Ok(())
+    Ok(None)
 }
 
-pub fn grouped_owned_and_barrier(kolo: &Kolo) -> Result<(), Error> {
+/// A grouped allreduce, an owned allreduce and a barrier.
+pub fn grouped_owned_and_barrier(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i32, kolo.size() as i32);
     let mut a = vec![r; 10];
     let mut b = vec![2 * r; 3];
@@ -140,12 +145,12 @@ pub fn grouped_owned_and_barrier(kolo: &Kolo) -> Result<(), Error> {
     let owned = kolo.allreduce_owned("owned", vec![1i64; 4], ReduceOp::Sum)?;
     assert_eq!(owned, vec![n as i64; 4]);
     kolo.barrier()?;
-    Ok(())
+    Ok(None)
 }
 
 /// Several user threads of one rank submitting at once (the engine's
-/// background thread makes every MPI call).
-pub fn several_user_threads(kolo: &Kolo) -> Result<(), Error> {
+/// background thread makes every backend call).
+pub fn several_user_threads(kolo: &Kolo) -> Result<Digest, Error> {
     let n = kolo.size() as i64;
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..3)
@@ -164,5 +169,90 @@ pub fn several_user_threads(kolo: &Kolo) -> Result<(), Error> {
             Ok(result) => result,
             Err(panic) => std::panic::resume_unwind(panic),
         })
-    })
+    })?;
+    Ok(None)
+}
+
+/// Three rounds of 12 allreduces (and 3 allgathers) submitted
+/// asynchronously in a different random order on every rank.
+pub fn shuffled_submission_orders(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let mut rng = Rng::new(r as u64 + 17);
+    for round in 0..3 {
+        let mut order: Vec<usize> = (0..12).collect();
+        rng.shuffle(&mut order);
+        let mut bufs: Vec<Vec<i64>> = (0..12).map(|t| vec![(r * t) as i64; t + 1]).collect();
+        let mut gathers = Vec::new();
+        let mut reduces = Vec::new();
+        for (t, buf) in order.iter().copied().zip(shuffle_refs(&mut bufs, &order)) {
+            if t % 4 == 3 {
+                let local = vec![t as i64; r + 1];
+                gathers.push((t, kolo.allgather_async(&format!("r{round}/g{t}"), &local)?));
+            }
+            reduces.push(kolo.allreduce_async(&format!("r{round}/t{t}"), buf, ReduceOp::Sum)?);
+        }
+        for h in reduces {
+            h.wait()?;
+        }
+        for (t, h) in gathers {
+            assert_eq!(h.wait()?, vec![t as i64; n * (n + 1) / 2]);
+        }
+        for (t, buf) in bufs.iter().enumerate() {
+            assert_eq!(
+                buf,
+                &vec![(t * n * (n - 1) / 2) as i64; t + 1],
+                "round {round} tensor {t}"
+            );
+        }
+    }
+    Ok(None)
+}
+
+/// Mutable references to `bufs` in the order `order`.
+fn shuffle_refs<'a>(bufs: &'a mut [Vec<i64>], order: &[usize]) -> Vec<&'a mut Vec<i64>> {
+    let mut slots: Vec<Option<&'a mut Vec<i64>>> = bufs.iter_mut().map(Some).collect();
+    order.iter().filter_map(|&t| slots[t].take()).collect()
+}
+
+/// A handle polled to completion, awaited, dropped and forgotten.
+pub fn handles_wait_poll_and_await(kolo: &Kolo) -> Result<Digest, Error> {
+    let n = kolo.size() as i32;
+    // poll until done.
+    let mut a = vec![1i32; 100];
+    let mut h = kolo.allreduce_async("poll", &mut a, ReduceOp::Sum)?;
+    let result = loop {
+        if let Some(result) = h.poll() {
+            break result;
+        }
+        std::thread::yield_now();
+    };
+    result?;
+    assert!(h.is_complete());
+    assert!(
+        h.poll().is_some_and(|r| r.is_err()),
+        "a spent handle says so"
+    );
+    drop(h);
+    assert_eq!(a, vec![n; 100]);
+
+    // .await
+    let mut b = vec![2i32; 10];
+    futures_executor::block_on(kolo.allreduce_async("await", &mut b, ReduceOp::Sum)?)?;
+    assert_eq!(b, vec![2 * n; 10]);
+    let gathered =
+        futures_executor::block_on(kolo.allgather_async("await/g", &[kolo.rank() as u8])?)?;
+    assert_eq!(gathered, (0..n as u8).collect::<Vec<_>>());
+
+    // Dropped and forgotten handles: the operation runs, the buffer is
+    // untouched, and the name is free again afterwards.
+    let mut c = vec![5i32; 4];
+    drop(kolo.allreduce_async("dropped", &mut c, ReduceOp::Sum)?);
+    std::mem::forget(kolo.allreduce_async("forgotten", &mut c, ReduceOp::Sum)?);
+    c.fill(0);
+    kolo.barrier()?;
+    assert_eq!(c, vec![0; 4]);
+    let mut d = vec![1i32; 4];
+    kolo.allreduce("dropped", &mut d, ReduceOp::Sum)?;
+    assert_eq!(d, vec![n; 4]);
+    Ok(None)
 }

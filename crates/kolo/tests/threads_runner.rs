@@ -1,68 +1,27 @@
-//! Shutdown, early returns and failing ranks: pending handles fail naming
-//! the rank responsible, never hang.
+//! What `kolo::threads::run` does with ranks that fail, return early or
+//! cannot start (the engine's cases themselves are the engine suite's, in
+//! `engine_suite.rs`).
 
-mod common;
+use kolo::{Config, Error, ReduceOp};
+use kolo_engine_suite::{expect_err, failure};
+use std::time::Duration;
 
-use common::{config, expect_err};
-use kolo::{Error, ReduceOp};
-
-#[test]
-fn an_explicit_shutdown_fails_pending_handles() {
-    kolo::threads::run(2, config(), |kolo| {
-        let mut x = [1i32; 4];
-        if kolo.rank() == 0 {
-            let pending = kolo.allreduce_async("pending", &mut x, ReduceOp::Sum)?;
-            kolo.barrier()?;
-            assert_eq!(pending.wait(), Err(Error::ShutDown { by_ranks: vec![1] }));
-        } else {
-            kolo.barrier()?;
-            kolo.shutdown()?;
-            kolo.shutdown()?; // idempotent
-        }
-        assert!(kolo.is_shut_down());
-        let err = expect_err(
-            kolo.allreduce("after", &mut x, ReduceOp::Sum),
-            "after shutdown",
-        );
-        assert_eq!(err, Error::ShutDown { by_ranks: vec![1] });
-        assert_eq!(
-            err.to_string(),
-            "kolo was shut down at the request of rank 1"
-        );
-        Ok(())
-    })
-    .unwrap();
+fn config() -> Config {
+    Config::default().cycle_time(Duration::from_micros(500))
 }
 
-#[test]
-fn a_rank_that_returns_early_shuts_everyone_down() {
-    kolo::threads::run(3, config(), |kolo| {
-        if kolo.rank() == 2 {
-            return Ok(()); // its Kolo drops: a shutdown request
-        }
-        let mut x = [1i32; 4];
-        let err = expect_err(
-            kolo.allreduce("never", &mut x, ReduceOp::Sum),
-            "early return",
-        );
-        assert_eq!(err, Error::ShutDown { by_ranks: vec![2] });
-        Ok(())
-    })
-    .unwrap();
-}
-
+/// The suite's training loop with rank 1 panicking mid-training: the
+/// peers' handles fail naming it, later calls too, and `run` returns the
+/// panic as the cause.
 #[test]
 fn a_panicking_rank_fails_its_peers_handles_naming_it() {
     let err = kolo::threads::run(3, config(), |kolo| {
-        let mut x = [1i32; 4];
-        if kolo.rank() == 1 {
-            kolo.barrier()?;
-            panic!("boom");
-        }
-        let orphan = kolo.allreduce_async("orphan", &mut x, ReduceOp::Sum)?;
-        kolo.barrier()?;
-        match orphan.wait() {
-            Err(Error::RankFailed { rank: 1, message }) => {
+        let err = expect_err(
+            failure::train(kolo, |step| panic!("boom at step {step}")),
+            "training",
+        );
+        match &err {
+            Error::RankFailed { rank: 1, message } => {
                 assert!(message.contains("boom"), "{message}")
             }
             other => panic!("expected rank 1's failure, got {other:?}"),
@@ -78,7 +37,8 @@ fn a_panicking_rank_fails_its_peers_handles_naming_it() {
     .unwrap_err();
     match err {
         Error::RankFailed { rank: 1, message } => {
-            assert!(message.contains("rank 1 panicked: boom"), "{message}")
+            let cause = format!("rank 1 panicked: boom at step {}", failure::FAIL_AT);
+            assert!(message.contains(&cause), "{message}")
         }
         other => panic!("expected rank 1's panic, got {other:?}"),
     }
@@ -109,6 +69,23 @@ fn a_rank_that_returns_an_error_fails_its_peers() {
 }
 
 #[test]
+fn a_rank_that_returns_early_shuts_everyone_down() {
+    kolo::threads::run(3, config(), |kolo| {
+        if kolo.rank() == 2 {
+            return Ok(()); // its Kolo drops: a shutdown request
+        }
+        let mut x = [1i32; 4];
+        let err = expect_err(
+            kolo.allreduce("never", &mut x, ReduceOp::Sum),
+            "early return",
+        );
+        assert_eq!(err, Error::ShutDown { by_ranks: vec![2] });
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
 fn kolo_outside_threads_run_shuts_down_on_drop() {
     let comms = kolo_threads::communicators(2).unwrap();
     let engines: Vec<kolo::Kolo> = comms
@@ -126,4 +103,15 @@ fn kolo_outside_threads_run_shuts_down_on_drop() {
     });
     assert_eq!(engines[1].stats().tensors, 1);
     drop(engines);
+}
+
+#[test]
+fn a_timeline_that_cannot_be_created_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing-dir").join("t.json");
+    let err = kolo::threads::run(2, config().timeline(&path), |_| Ok(())).unwrap_err();
+    assert!(
+        matches!(&err, Error::Timeline { path: p, .. } if p == &path),
+        "{err:?}"
+    );
 }

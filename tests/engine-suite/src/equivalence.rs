@@ -1,0 +1,166 @@
+//! The response cache and tensor fusion change how results are reached,
+//! never the results.
+
+use crate::{digest, Digest, Rng};
+use kolo::{Error, Kolo, ReduceOp, Stats, TensorMut};
+
+/// The counters that moved between two snapshots.
+fn delta(before: &Stats, after: &Stats) -> (u64, u64, u64, u64) {
+    (
+        after.operations - before.operations,
+        after.tensors - before.tensors,
+        after.fused_operations - before.fused_operations,
+        after.cache_hits - before.cache_hits,
+    )
+}
+
+/// 48 small f32 tensors of integer values (so sums are exact whatever the
+/// order): as one grouped allreduce (fused when fusion is on), then one at
+/// a time (never fused). The results are equal and exact.
+pub fn fusion_equals_unfused(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let input = |t: usize| -> Vec<f32> {
+        (0..1 + t * 5)
+            .map(|i| ((r * 31 + t * 7 + i) % 97) as f32)
+            .collect()
+    };
+    let expected = |t: usize| -> Vec<f32> {
+        (0..1 + t * 5)
+            .map(|i| (0..n).map(|q| ((q * 31 + t * 7 + i) % 97) as f32).sum())
+            .collect()
+    };
+    let names: Vec<String> = (0..48).map(|t| format!("fuse/{t}")).collect();
+
+    let before = kolo.stats();
+    let mut fused: Vec<Vec<f32>> = (0..48).map(input).collect();
+    let group = names
+        .iter()
+        .map(String::as_str)
+        .zip(fused.iter_mut().map(|b| TensorMut::from(&mut b[..])));
+    kolo.grouped_allreduce_async(group, ReduceOp::Sum)?.wait()?;
+    let (ops, tensors, fused_ops, _) = delta(&before, &kolo.stats());
+    assert_eq!(tensors, 48);
+    if kolo.config().fusion_threshold > 0 {
+        assert!(fused_ops > 0 && ops < 48, "{ops} ops, {fused_ops} fused");
+    } else {
+        assert_eq!((ops, fused_ops), (48, 0));
+    }
+
+    let before = kolo.stats();
+    let mut single: Vec<Vec<f32>> = (0..48).map(input).collect();
+    for (name, buf) in names.iter().zip(single.iter_mut()) {
+        kolo.allreduce(name, buf, ReduceOp::Sum)?;
+    }
+    let (ops, _, fused_ops, _) = delta(&before, &kolo.stats());
+    assert_eq!((ops, fused_ops), (48, 0), "one at a time never fuses");
+
+    for (t, (a, b)) in fused.iter().zip(&single).enumerate() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "tensor {t}: fused differs from unfused");
+        assert_eq!(a, &expected(t), "tensor {t}");
+    }
+    Ok(None)
+}
+
+/// Six steps of a gradient-like workload: per step a group of tensors of
+/// different sizes (fused when fusion is on), separate async allreduces
+/// and an allgather, on the same names every step (cache hits when the
+/// cache is on). The inputs are small integers, so every result is exact
+/// in f32 whatever the order of the sums; the digest of every result lets
+/// the runner compare jobs with other settings, bit for bit.
+pub fn workload(kolo: &Kolo) -> Result<Digest, Error> {
+    let r = kolo.rank();
+    let mut rng = Rng::new(r as u64 + 1);
+    let sizes = [1usize, 7, 100, 1000, 33, 4096];
+    let names: Vec<String> = (0..sizes.len())
+        .map(|t| format!("workload/grad/{t}"))
+        .collect();
+    let before = kolo.stats();
+    let mut bits: Vec<u64> = Vec::new();
+    for step in 0..6 {
+        let mut bufs: Vec<Vec<f32>> = sizes
+            .iter()
+            .map(|&n| (0..n).map(|_| (rng.below(1000) as f32) - 500.0).collect())
+            .collect();
+        let mut group: Vec<(&str, &mut [f32])> = names
+            .iter()
+            .map(String::as_str)
+            .zip(bufs.iter_mut().map(|b| &mut b[..]))
+            .collect();
+        kolo.grouped_allreduce(&mut group, ReduceOp::Average)?;
+
+        let mut singles: Vec<Vec<f32>> = (0..4)
+            .map(|t| vec![(r * t + step) as f32; 10 + t])
+            .collect();
+        let handles = singles
+            .iter_mut()
+            .enumerate()
+            .map(|(t, b)| kolo.allreduce_async(&format!("workload/single/{t}"), b, ReduceOp::Sum))
+            .collect::<Result<Vec<_>, _>>()?;
+        for h in handles {
+            h.wait()?;
+        }
+        let gathered = kolo.allgather("workload/gather", &vec![step as f32; r + 1])?;
+        for result in bufs.iter().chain(&singles).chain([&gathered]) {
+            bits.extend(result.iter().map(|v| u64::from(v.to_bits())));
+        }
+    }
+    let (ops, tensors, fused_ops, hits) = delta(&before, &kolo.stats());
+    let config = kolo.config();
+    if config.cache_capacity >= names.len() + 5 {
+        assert!(hits > 0, "repeated tensors hit the cache");
+    } else if config.cache_capacity == 0 {
+        assert_eq!(hits, 0, "no cache, no hits");
+    }
+    if config.fusion_threshold >= 1 << 20 {
+        assert!(fused_ops > 0, "a group fuses: {ops} ops, {fused_ops} fused");
+    } else if config.fusion_threshold == 0 {
+        assert_eq!(fused_ops, 0, "no fusion");
+        assert_eq!(ops, tensors, "one tensor per operation");
+    }
+    Ok(Some(digest(bits)))
+}
+
+/// Horovod's fast path: once every tensor of a step is in the response
+/// cache, later steps are agreed through the bit-vector allreduce alone —
+/// no request list is gathered to rank 0 and no response list broadcast.
+/// (With the cache off, no hits at all.)
+pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
+    const TENSORS: usize = 50;
+    const STEPS: u64 = 8;
+    let n = kolo.size() as f32;
+    let names: Vec<String> = (0..TENSORS).map(|t| format!("warm/{t}")).collect();
+    let mut bufs: Vec<Vec<f32>> = (0..TENSORS).map(|t| vec![1.0; 1 + t * 3]).collect();
+    let mut step = || {
+        let handles = names
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
+            .collect::<Result<Vec<_>, _>>()?;
+        handles.into_iter().try_for_each(|h| h.wait())
+    };
+    // Two cold steps fill the cache on every rank.
+    step()?;
+    step()?;
+    let warm = kolo.stats();
+    for _ in 0..STEPS {
+        step()?;
+    }
+    let after = kolo.stats();
+    let capacity = kolo.config().cache_capacity;
+    if capacity >= 4 * TENSORS {
+        assert_eq!(
+            after.gathered_cycles, warm.gathered_cycles,
+            "warm steps gathered request lists: {warm:?} -> {after:?}"
+        );
+        assert_eq!(
+            after.cache_hits - warm.cache_hits,
+            STEPS * TENSORS as u64,
+            "every warm tensor is a cache hit"
+        );
+    } else if capacity == 0 {
+        assert_eq!(after.cache_hits, warm.cache_hits, "no cache, no hits");
+    }
+    assert_eq!(bufs[TENSORS - 1][0], n.powi(10));
+    Ok(None)
+}

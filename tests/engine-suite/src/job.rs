@@ -1,0 +1,152 @@
+//! Jobs: ranks, configuration and the cases they run; and the case lists.
+
+use crate::{equivalence, join, mismatch, ops, shutdown, stall, timeline, Case};
+use kolo::Config;
+use std::path::{Path, PathBuf};
+
+/// Every case of the main sequence, in order, without the final shutdown
+/// (see [`Job::main`]). Tensor names are distinct across cases, so that
+/// one engine runs them all.
+const MAIN: &[Case] = &[
+    Case::new("allreduce_every_op", ops::allreduces),
+    Case::new("half_precision_and_bool", ops::half_precision_and_bool),
+    Case::new("allgather_uneven", ops::allgathers),
+    Case::new("broadcast", ops::broadcasts),
+    Case::new("reduce_scatter", ops::reduce_scatters),
+    Case::new("alltoall", ops::alltoalls),
+    Case::new("grouped_owned_and_barrier", ops::grouped_owned_and_barrier),
+    Case::new(
+        "shuffled_submission_orders",
+        ops::shuffled_submission_orders,
+    ),
+    Case::new(
+        "handles_wait_poll_and_await",
+        ops::handles_wait_poll_and_await,
+    ),
+    Case::new("several_user_threads", ops::several_user_threads),
+    Case::new("mismatch_matrix", mismatch::the_mismatch_matrix),
+    Case::new(
+        "name_in_flight_rejected",
+        mismatch::a_name_in_flight_is_rejected,
+    ),
+    Case::new("local_argument_errors", mismatch::local_argument_errors),
+    Case::new("alltoall_bad_splits", mismatch::alltoall_bad_splits),
+    Case::new("join_uneven_batches", join::uneven_batches_then_join),
+    Case::new("join_twice", join::join_twice),
+    Case::new(
+        "joined_rank_in_rs_and_allgather",
+        join::joined_rank_in_rs_and_allgather,
+    ),
+    Case::new("fusion_equals_unfused", equivalence::fusion_equals_unfused),
+    Case::new("workload", equivalence::workload),
+    Case::new(
+        "warm_cache_gathers_nothing",
+        equivalence::warm_cache_gathers_nothing,
+    ),
+    Case::new("timeline_operations", timeline::operations),
+];
+
+/// The last case of [`Job::main`]: rank 0 shuts down while the others
+/// have an operation pending.
+const SHUTDOWN: Case = Case::new(
+    "shutdown_fails_pending_handles",
+    shutdown::shutdown_fails_pending_handles,
+);
+
+/// The gradient-like workload alone (for jobs that vary the configuration
+/// and compare digests with a main job).
+pub const WORKLOAD: &[Case] = &[Case::new("workload", equivalence::workload)];
+
+/// The stall inspector's cases (see [`Job::stall`]); the second shuts the
+/// engine down, so it comes last.
+pub const STALL: &[Case] = &[
+    Case::new(
+        "stall_warning_names_the_late_rank",
+        stall::late_rank_warning,
+    ),
+    Case::new(
+        "stall_shutdown_fails_the_withheld_tensor",
+        stall::withheld_tensor,
+    ),
+];
+
+/// The names of the main sequence with `extra` cases (a backend's own)
+/// before the final shutdown.
+pub fn main_cases(extra: &[Case]) -> Vec<Case> {
+    MAIN.iter()
+        .chain(extra)
+        .chain([&SHUTDOWN])
+        .copied()
+        .collect()
+}
+
+/// One job: `ranks` ranks, each with an engine configured by
+/// [`Job::configure`], running `cases` in order.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The job's name, the prefix of its verdicts.
+    pub name: String,
+    /// Ranks (threads, or `mpirun -np`).
+    pub ranks: usize,
+    /// What every rank runs, in order.
+    pub cases: Vec<Case>,
+    /// Whether rank 0 writes a timeline that [`crate::judge`] checks.
+    pub timeline: bool,
+    /// Changes to the backend's base configuration.
+    pub settings: fn(Config) -> Config,
+}
+
+impl Job {
+    /// A job without a timeline or settings of its own.
+    pub fn new(name: impl Into<String>, ranks: usize, cases: Vec<Case>) -> Job {
+        Job {
+            name: name.into(),
+            ranks,
+            cases,
+            timeline: false,
+            settings: |config| config,
+        }
+    }
+
+    /// The main sequence (with the backend's `extra` cases before the
+    /// shutdown) on `ranks` ranks, with a timeline: `main_np{ranks}`.
+    pub fn main(ranks: usize, extra: &[Case]) -> Job {
+        Job::new(format!("main_np{ranks}"), ranks, main_cases(extra)).with_timeline()
+    }
+
+    /// [`STALL`] on `ranks` ranks (at least 3), with the stall warning
+    /// after 100 ms and the stall shutdown after 1 s: `stall_np{ranks}`.
+    pub fn stall(ranks: usize) -> Job {
+        Job::new(format!("stall_np{ranks}"), ranks, STALL.to_vec()).with_settings(stall::settings)
+    }
+
+    /// Rank 0 writes a timeline (with cycle marks) that the judge checks.
+    pub fn with_timeline(mut self) -> Job {
+        self.timeline = true;
+        self
+    }
+
+    /// Applies `settings` to the base configuration.
+    pub fn with_settings(mut self, settings: fn(Config) -> Config) -> Job {
+        self.settings = settings;
+        self
+    }
+
+    /// Where rank 0 writes this job's timeline, in directory `dir`.
+    pub fn timeline_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.timeline.json", self.name))
+    }
+
+    /// The configuration of every rank: `base` with this job's settings
+    /// (and its timeline in `dir`).
+    pub fn configure(&self, base: Config, dir: &Path) -> Config {
+        let config = (self.settings)(base);
+        if self.timeline {
+            config
+                .timeline(self.timeline_path(dir))
+                .timeline_mark_cycles(true)
+        } else {
+            config
+        }
+    }
+}

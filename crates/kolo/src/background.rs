@@ -169,11 +169,23 @@ impl<B: Backend> Engine<B> {
 
     /// Takes the commands waiting, blocking up to the cycle time for the
     /// first one when there are none: the requests, and an abort message.
+    ///
+    /// While this rank has requests the other ranks have not all agreed to
+    /// yet, it does not block: its peers' submissions wake *their* engines,
+    /// not this one, and a peer whose next cycle waits in the coordinator's
+    /// collective for this rank would otherwise wait out this rank's cycle
+    /// time (up to 1 ms per step). The next cycle's collective itself waits
+    /// for the peers (spinning briefly, then yielding, then sleeping).
     fn collect(&mut self) -> (Vec<Request>, Option<String>) {
+        let wait = if self.coordinator.pending() > 0 {
+            Duration::ZERO
+        } else {
+            self.cycle_time
+        };
         let first = if self.shutdown_requested {
             None
         } else {
-            match self.commands.recv_timeout(self.cycle_time) {
+            match self.commands.recv_timeout(wait) {
                 Ok(command) => Some(command),
                 Err(RecvTimeoutError::Timeout) => None,
                 // `Kolo` is gone without a shutdown request: treat it as one.

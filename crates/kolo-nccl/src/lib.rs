@@ -129,6 +129,7 @@ pub mod sys;
 pub mod threads;
 mod transaction;
 mod tx_execute;
+mod untracked;
 pub mod widen;
 mod work;
 
@@ -140,4 +141,5 @@ pub use ops::DeviceElement;
 pub use raw_comm::Teardown;
 pub use staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use transaction::DeviceTransaction;
+pub use untracked::Untracked;
 pub use work::Work;

@@ -163,9 +163,13 @@ pub fn latency_breakdown(
         // SAFETY (the three below): `ptr` is `buf`'s address (`count` f32
         // on this device), alive until the end of this function, and used
         // on the communication stream only meanwhile.
-        samples[2].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
-            unsafe { raw_sum(comm, ptr, count) }
-        })?);
+        samples[2].push(back_to_back(
+            comm,
+            &stream,
+            warmup,
+            iters,
+            &mut |comm| unsafe { raw_sum(comm, ptr, count) },
+        )?);
         samples[3].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
             unsafe { raw_sum(comm, ptr, count) }?;
             comm.device().record().map(drop)

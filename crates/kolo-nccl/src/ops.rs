@@ -16,8 +16,7 @@ use crate::result;
 use crate::sys;
 use crate::work::Work;
 use cudarc::driver::{
-    sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
-    ValidAsZeroBits,
+    sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, ValidAsZeroBits,
 };
 use kolo_transport::{Element, Topology};
 use std::ffi::{c_int, c_void};

@@ -104,10 +104,7 @@ impl<T> DevicePtr<T> for Untracked<T> {
 }
 
 impl<T> DevicePtrMut<T> for Untracked<T> {
-    fn device_ptr_mut<'a>(
-        &'a mut self,
-        _stream: &'a CudaStream,
-    ) -> (CUdeviceptr, SyncOnDrop<'a>) {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
     }
 }

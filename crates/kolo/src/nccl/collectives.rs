@@ -11,16 +11,19 @@ use super::tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
 use cudarc::driver::{CudaSlice, DeviceSlice};
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Untracked, Work};
-use std::sync::Arc;
 use kolo_protocol::Response;
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::Scale;
 use std::any::Any;
+use std::sync::Arc;
 
 /// What a response leaves per tensor: an output the engine allocated
 /// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`]) with its
 /// shape, or nothing (in-place results).
-pub(crate) type Outputs = Vec<Option<(Box<dyn Any + Send>, Vec<u64>)>>;
+pub(crate) type Outputs = Vec<Option<Output>>;
+
+/// One tensor's output and its shape.
+pub(crate) type Output = (Box<dyn Any + Send>, Vec<u64>);
 
 /// What enqueueing a response left: its outputs, and the [`Work`] of the
 /// last call when nothing was enqueued after it (it then completes with
@@ -94,7 +97,12 @@ impl<T: DeviceElement> Spares<T> {
         }
     }
 
-    fn stand_in(&mut self, comm: &NcclComm, len: usize, fill: T) -> Result<Untracked<T>, NcclError> {
+    fn stand_in(
+        &mut self,
+        comm: &NcclComm,
+        len: usize,
+        fill: T,
+    ) -> Result<Untracked<T>, NcclError> {
         let mut buf = alloc(comm, len, fill)?;
         let stream = Arc::clone(comm.stream());
         // SAFETY: `buf` was allocated and filled on the plane's stream,
@@ -161,6 +169,31 @@ impl NcclPlane {
         })
     }
 
+    /// Enqueues `each` for every tensor of a response in order (one call
+    /// per tensor, given the communicator, the spares, the tensor's index
+    /// and part) and collects the outputs; the last call's work settles
+    /// the response.
+    fn per_tensor<T: DeviceElement>(
+        &mut self,
+        parts: &[Part<T>],
+        mut each: impl FnMut(
+            &mut NcclComm,
+            &mut Spares<T>,
+            usize,
+            &Part<T>,
+        ) -> Result<(Work, Option<Output>), NcclError>,
+    ) -> Result<Enqueued, NcclError> {
+        let mut spares = Spares(Vec::new());
+        let mut outputs = Vec::with_capacity(parts.len());
+        let mut last = None;
+        for (i, part) in parts.iter().enumerate() {
+            let (work, output) = each(&mut self.comm, &mut spares, i, part)?;
+            last = Some(work);
+            outputs.push(output);
+        }
+        Ok(Enqueued { outputs, last })
+    }
+
     /// Broadcasts each tensor from the response's root, in place.
     pub(super) fn broadcast<T: DeviceElement>(
         &mut self,
@@ -169,17 +202,12 @@ impl NcclPlane {
         timeline: &Timeline,
     ) -> Result<Enqueued, NcclError> {
         let root = response.root_rank as usize;
-        let mut spares = Spares(Vec::new());
-        let mut last = None;
-        for (i, part) in parts.iter().enumerate() {
-            let mut buf = spares.output(&self.comm, part, size_of(response, i), T::default())?;
-            last = Some(phase(timeline, &[&part.name], NCCL_BROADCAST, || {
-                self.comm.broadcast(&mut buf, root)
-            })?);
-        }
-        Ok(Enqueued {
-            outputs: Vec::new(),
-            last,
+        self.per_tensor(parts, |comm, spares, i, part| {
+            let mut buf = spares.output(comm, part, size_of(response, i), T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_BROADCAST, || {
+                comm.broadcast(&mut buf, root)
+            })?;
+            Ok((work, None))
         })
     }
 
@@ -196,9 +224,7 @@ impl NcclPlane {
             prescale: response.prescale,
             postscale: response.postscale,
         };
-        let mut spares = Spares(Vec::new());
-        let mut last = None;
-        for (i, part) in parts.iter().enumerate() {
+        self.per_tensor(parts, |comm, spares, i, part| {
             let total = size_of(response, i);
             let rows = response
                 .first_dims
@@ -215,16 +241,12 @@ impl NcclPlane {
                 .map(|r| r.saturating_mul(row))
                 .collect();
             let mine = counts.get(rank).copied().unwrap_or(0);
-            let input = spares.input(&self.comm, part, total, T::identity(op))?;
-            let mut output = spares.output(&self.comm, part, mine, T::default())?;
-            last = Some(phase(timeline, &[&part.name], NCCL_REDUCESCATTER, || {
-                self.comm
-                    .reduce_scatter(&input, &mut output, &counts, op, scale)
-            })?);
-        }
-        Ok(Enqueued {
-            outputs: Vec::new(),
-            last,
+            let input = spares.input(comm, part, total, T::identity(op))?;
+            let mut output = spares.output(comm, part, mine, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_REDUCESCATTER, || {
+                comm.reduce_scatter(&input, &mut output, &counts, op, scale)
+            })?;
+            Ok((work, None))
         })
     }
 
@@ -236,10 +258,7 @@ impl NcclPlane {
         timeline: &Timeline,
     ) -> Result<Enqueued, NcclError> {
         let (_, size) = topology(&self.comm);
-        let mut spares = Spares(Vec::new());
-        let mut outputs = Vec::with_capacity(parts.len());
-        let mut last = None;
-        for (i, part) in parts.iter().enumerate() {
+        self.per_tensor(parts, |comm, spares, i, part| {
             let rows: Vec<u64> = response
                 .first_dims
                 .iter()
@@ -257,21 +276,22 @@ impl NcclPlane {
                 .map(|&r| usize::try_from(r).unwrap_or(0).saturating_mul(row))
                 .collect();
             let total: usize = counts.iter().sum();
-            let input = spares.input(&self.comm, part, 0, T::default())?;
-            let mut gathered = alloc(&self.comm, total, T::default())?;
-            last = Some(phase(timeline, &[&part.name], NCCL_ALLGATHER, || {
-                self.comm
-                    .all_gatherv(&input, &mut gathered.slice_mut(..total), &counts)
-            })?);
+            let input = spares.input(comm, part, 0, T::default())?;
+            let mut gathered = alloc(comm, total, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_ALLGATHER, || {
+                comm.all_gatherv(&input, &mut gathered.slice_mut(..total), &counts)
+            })?;
             let trailing = part.shape.iter().skip(1).copied();
             let shape = if part.shape.is_empty() {
                 vec![rows.iter().sum(), row as u64]
             } else {
                 std::iter::once(rows.iter().sum()).chain(trailing).collect()
             };
-            outputs.push(Some((Box::new(gathered) as Box<dyn Any + Send>, shape)));
-        }
-        Ok(Enqueued { outputs, last })
+            Ok((
+                work,
+                Some((Box::new(gathered) as Box<dyn Any + Send>, shape)),
+            ))
+        })
     }
 
     /// Exchanges each tensor: rank r's rows for rank p go to p; the output
@@ -284,10 +304,7 @@ impl NcclPlane {
         timeline: &Timeline,
     ) -> Result<Enqueued, NcclError> {
         let (rank, size) = topology(&self.comm);
-        let mut spares = Spares(Vec::new());
-        let mut outputs = Vec::with_capacity(parts.len());
-        let mut last = None;
-        for part in parts.iter() {
+        self.per_tensor(parts, |comm, spares, _, part| {
             let row = if part.shape.is_empty() {
                 0
             } else {
@@ -300,17 +317,17 @@ impl NcclPlane {
                         response.splits
                     ))
                 })?;
-            let input = spares.input(&self.comm, part, 0, T::default())?;
+            let input = spares.input(comm, part, 0, T::default())?;
             let total: usize = recv_counts.iter().sum();
-            let mut received = alloc(&self.comm, total, T::default())?;
-            last = Some(phase(timeline, &[&part.name], NCCL_ALLTOALL, || {
-                self.comm.all_to_allv(
+            let mut received = alloc(comm, total, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_ALLTOALL, || {
+                comm.all_to_allv(
                     &input,
                     &send_counts,
                     &mut received.slice_mut(..total),
                     &recv_counts,
                 )
-            })?);
+            })?;
             let splits: Vec<usize> = (0..size)
                 .map(|p| {
                     response
@@ -327,8 +344,7 @@ impl NcclPlane {
                 data: received,
                 splits,
             };
-            outputs.push(Some((Box::new(output) as Box<dyn Any + Send>, shape)));
-        }
-        Ok(Enqueued { outputs, last })
+            Ok((work, Some((Box::new(output) as Box<dyn Any + Send>, shape))))
+        })
     }
 }

@@ -364,7 +364,10 @@ impl<'scope> DeviceScope<'scope, '_> {
             .chain(input.as_ref().map(|v| Arc::clone(v.stream())))
             .collect();
         if streams.is_empty() {
-            return Err(internal(&request.tensor_name, "a device op without a buffer"));
+            return Err(internal(
+                &request.tensor_name,
+                "a device op without a buffer",
+            ));
         }
         // SAFETY: the memory stays borrowed for 'scope, and the engine uses
         // these addresses only until it drops the `DeviceArgs` below, which
@@ -377,9 +380,7 @@ impl<'scope> DeviceScope<'scope, '_> {
         // borrow keeps the caller from using them meanwhile.
         let (read, write) = unsafe {
             (
-                input
-                    .as_ref()
-                    .map(|v| Untracked::read_after(v, v.stream())),
+                input.as_ref().map(|v| Untracked::read_after(v, v.stream())),
                 output.as_mut().map(|v| {
                     let stream = Arc::clone(v.stream());
                     Untracked::write_after(v, &stream)

@@ -5,9 +5,10 @@
 //! The core, [`Queue`], is a plain data structure over [`Fence`]s (tested
 //! with fake fences); [`Completer`] is the thread around it. The thread
 //! polls `cuEventQuery` with a short backoff while work is pending, spins
-//! briefly on its channel when idle and then sleeps on it, asks NCCL for asynchronous errors every few
-//! milliseconds, and fails everything pending when a fence errors, an
-//! operation outlives the timeout, or NCCL reports a failure.
+//! briefly on its channel when idle and then sleeps on it, asks NCCL for
+//! asynchronous errors every few milliseconds, and fails everything
+//! pending when a fence errors, an operation outlives the timeout, or NCCL
+//! reports a failure.
 
 use crate::error::NcclError;
 use crate::work::{Health, WorkState};

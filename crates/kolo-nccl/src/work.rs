@@ -75,7 +75,8 @@ impl WorkState {
 ///
 /// Later GPU work does not need the handle: buffers written by the
 /// operation carry cudarc's write events, which any stream using them
-/// waits for.
+/// waits for ([`crate::Untracked`] buffers excepted: order them with
+/// [`NcclComm::join_into`](crate::NcclComm::join_into) or the handle).
 #[derive(Clone)]
 pub struct Work {
     state: Arc<WorkState>,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs kolo's GPU engine checks (the `gpu_engine` test binary that
-# `cargo xtask test-gpu` puts in gpu-dist/) on 1 and 2 GPUs, thread per GPU.
+# `cargo xtask test-gpu` puts in gpu-dist/) on 1 and 2 GPUs, thread per GPU,
+# and on 2 GPUs one process per GPU under mpirun (Kolo::init_nccl_mpi).
 # Logs go to ${OUT:-./gpu-out}; the exit status is 0 only if every run
 # passed (or was skipped for lack of GPUs).
 #
@@ -39,8 +40,21 @@ run() {
 
 run engine-1gpu ./gpu_engine --gpus 1
 run engine-2gpu ./gpu_engine --gpus 2
+# One process per GPU (Kolo::init_nccl_mpi), when mpirun and 2 GPUs are here.
+mpi_np=0
+if command -v mpirun >/dev/null 2>&1 && [ "${gpus:-0}" -ge 2 ]; then
+  mpi_np=2
+  run engine-mpi mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np 2 ./gpu_engine
+else
+  echo "skipped: engine-mpi needs mpirun and 2 GPUs"
+fi
 if [ "${BENCH:-0}" = 1 ]; then
   run engine-bench ./gpu_engine --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench
+  if [ "$mpi_np" -ge 2 ]; then
+    run engine-mpi-bench mpirun --allow-run-as-root --oversubscribe --bind-to none \
+      -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np 2 ./gpu_engine --bench
+  fi
 fi
 if [ "$status" -ne 0 ]; then
   echo "SOME GPU ENGINE CHECKS FAILED (logs in $OUT)"

@@ -154,14 +154,15 @@ fn test_gpu(root: &Path) -> Result<()> {
     if wanted.len() != gpu_tests.len() {
         bail!("expected the {gpu_tests:?} test executables, found {wanted:?}");
     }
-    // The GPU engine's checks (kolo with the `nccl` feature).
+    // The GPU engine's checks (kolo with the `nccl` feature, and `mpi` for
+    // one process per GPU under mpirun).
     let engine = build(&[
         "test",
         "--release",
         "-p",
         "kolo",
         "--features",
-        "nccl",
+        "nccl,mpi",
         "--test",
         "gpu_engine",
         "--no-run",

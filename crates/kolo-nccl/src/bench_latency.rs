@@ -1,7 +1,14 @@
-//! Where the time of one small allreduce goes: the host call, the device
-//! time per operation back to back through kolo and through bare
-//! `ncclAllReduce` calls (no kolo bookkeeping, no cudarc events), and call
-//! to completion. Part of [`crate::bench`].
+//! Where the time of one small allreduce goes: the host call, the time
+//! per operation back to back through kolo and through bare
+//! `ncclAllReduce` calls (no kolo bookkeeping, no cudarc events), with the
+//! pieces of kolo's bookkeeping added one at a time, and call to
+//! completion. Part of [`crate::bench`].
+//!
+//! Two clocks. `device*` fields time `iters` operations enqueued back to
+//! back between two events on the stream (GPU clock); `loop_*` fields do
+//! what nccl-tests does: host clock around `iters` back-to-back operations
+//! and one stream synchronize at the end, divided by `iters`. For small
+//! messages both measure how fast the host enqueues.
 
 use super::median;
 use crate::comm::NcclComm;
@@ -10,13 +17,13 @@ use crate::ops::dev;
 use crate::result;
 use crate::sys;
 use crate::work::Work;
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaStream, DevicePtrMut};
 use kolo_protocol::ReduceOp;
 use kolo_transport::Scale;
 use std::time::{Duration, Instant};
 
-/// One small f32 sum allreduce, decomposed.
+/// One small f32 sum allreduce, decomposed (medians over rounds).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LatencyBreakdown {
     /// Bytes per operation.
@@ -32,28 +39,45 @@ pub struct LatencyBreakdown {
     /// The same with bare `ncclAllReduce` calls on the stream: NCCL's floor
     /// on this machine and mode.
     pub device_raw: Duration,
+    /// Bare `ncclAllReduce` plus one pooled event record per call (what
+    /// tracking an operation's completion costs the enqueuing thread).
+    pub device_raw_event: Duration,
+    /// Bare `ncclAllReduce` plus kolo's tracking (event record, a
+    /// [`Work`] handed to the completion thread, which polls it).
+    pub device_raw_tracked: Duration,
+    /// nccl-tests' way, through kolo: host clock over `iters` back-to-back
+    /// calls and one stream synchronize, per operation.
+    pub loop_kolo: Duration,
+    /// nccl-tests' way with bare `ncclAllReduce` calls.
+    pub loop_raw: Duration,
     /// Median host time from the call to the completion of its [`Work`].
     pub complete: Duration,
 }
 
-/// GPU time per iteration of `iters` runs of `once` enqueued back to back
-/// (after `warmup`), between two events on `stream`.
-fn device_time(
+/// Rounds of every back-to-back measurement (interleaved, median kept).
+const ROUNDS: usize = 5;
+
+/// `iters` runs of `once` after `warmup`, timed per operation on the GPU
+/// (between two events on `stream`) and on the host (nccl-tests: host
+/// clock to the end of one stream synchronize).
+fn back_to_back(
     comm: &mut NcclComm,
     stream: &CudaStream,
     warmup: usize,
     iters: usize,
     once: &mut dyn FnMut(&mut NcclComm) -> Result<(), NcclError>,
-) -> Result<Duration, NcclError> {
+) -> Result<(Duration, Duration), NcclError> {
     for _ in 0..warmup {
         once(comm)?;
     }
+    comm.device().synchronize()?;
     let ctx = comm.device().context().clone();
     let event = || {
         ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(NcclError::on_cuda("cuEventCreate"))
     };
     let (start, end) = (event()?, event()?);
+    let host = Instant::now();
     start
         .record(stream)
         .map_err(NcclError::on_cuda("cuEventRecord"))?;
@@ -62,13 +86,36 @@ fn device_time(
     }
     end.record(stream)
         .map_err(NcclError::on_cuda("cuEventRecord"))?;
+    comm.device().synchronize()?;
+    let host = host.elapsed() / iters.max(1) as u32;
+    // Everything tracked so far completes before the next measurement.
     comm.flush()?.wait()?;
     let ms = start
         .elapsed_ms(&end)
         .map_err(NcclError::on_cuda("cuEventElapsedTime"))?;
-    Ok(Duration::from_secs_f64(
-        f64::from(ms) / 1e3 / iters.max(1) as f64,
-    ))
+    let device = Duration::from_secs_f64(f64::from(ms) / 1e3 / iters.max(1) as f64);
+    Ok((device, host))
+}
+
+/// One bare `ncclAllReduce` of `count` f32 in place at `ptr`.
+///
+/// # Safety
+/// `ptr` holds `count` f32 on `comm`'s device, alive until the stream has
+/// run the call, and used on the communication stream only meanwhile.
+unsafe fn raw_sum(comm: &NcclComm, ptr: CUdeviceptr, count: usize) -> Result<(), NcclError> {
+    let handle = comm.handle()?;
+    // SAFETY: per the caller's contract.
+    unsafe {
+        result::all_reduce(
+            dev(ptr),
+            dev(ptr),
+            count,
+            sys::dtype::FLOAT32,
+            sys::op::SUM,
+            handle,
+            comm.stream().cu_stream(),
+        )
+    }
 }
 
 /// Measures [`LatencyBreakdown`] for `bytes` (f32) over `iters` operations
@@ -95,38 +142,43 @@ pub fn latency_breakdown(
         ptr
     };
     comm.flush()?.wait()?;
-    let mut calls = Vec::with_capacity(iters);
-    let mut last: Option<Work> = None;
-    let device = device_time(comm, &stream, warmup, iters, &mut |comm| {
-        let start = Instant::now();
-        last = Some(comm.all_reduce(&mut buf, ReduceOp::Sum, Scale::NONE)?);
-        calls.push(start.elapsed());
-        Ok(())
-    })?;
-    if let Some(work) = last.take() {
-        work.wait()?;
-    }
-    let device_tracked = device_time(comm, &stream, warmup, iters, &mut |comm| {
-        comm.all_reduce(&mut tracked, ReduceOp::Sum, Scale::NONE)
-            .map(drop)
-    })?;
-    let device_raw = device_time(comm, &stream, warmup, iters, &mut |comm| {
-        let handle = comm.handle()?;
-        // SAFETY: `ptr` is `buf`'s address (`count` f32 on this device),
-        // alive until the end of this function, and used on this stream
-        // only meanwhile.
-        unsafe {
-            result::all_reduce(
-                dev(ptr),
-                dev(ptr),
-                count,
-                sys::dtype::FLOAT32,
-                sys::op::SUM,
-                handle,
-                stream.cu_stream(),
-            )
+    let mut calls = Vec::with_capacity(iters * ROUNDS);
+    // Per variant: (device, loop) samples of each round.
+    let mut samples: [Vec<(Duration, Duration)>; 5] = Default::default();
+    for _ in 0..ROUNDS {
+        let mut last: Option<Work> = None;
+        samples[0].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
+            let start = Instant::now();
+            last = Some(comm.all_reduce(&mut buf, ReduceOp::Sum, Scale::NONE)?);
+            calls.push(start.elapsed());
+            Ok(())
+        })?);
+        if let Some(work) = last.take() {
+            work.wait()?;
         }
-    })?;
+        samples[1].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
+            comm.all_reduce(&mut tracked, ReduceOp::Sum, Scale::NONE)
+                .map(drop)
+        })?);
+        // SAFETY (the three below): `ptr` is `buf`'s address (`count` f32
+        // on this device), alive until the end of this function, and used
+        // on the communication stream only meanwhile.
+        samples[2].push(back_to_back(
+            comm,
+            &stream,
+            warmup,
+            iters,
+            &mut |comm| unsafe { raw_sum(comm, ptr, count) },
+        )?);
+        samples[3].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
+            unsafe { raw_sum(comm, ptr, count) }?;
+            comm.device().record().map(drop)
+        })?);
+        samples[4].push(back_to_back(comm, &stream, warmup, iters, &mut |comm| {
+            unsafe { raw_sum(comm, ptr, count) }?;
+            comm.track("bare allreduce").map(drop)
+        })?);
+    }
     let mut completes = Vec::with_capacity(iters);
     for i in 0..warmup + iters {
         let start = Instant::now();
@@ -136,13 +188,18 @@ pub fn latency_breakdown(
             completes.push(start.elapsed());
         }
     }
-    let skip = calls.len().saturating_sub(iters);
+    let device = |i: usize| median(samples[i].iter().map(|s| s.0).collect());
+    let looped = |i: usize| median(samples[i].iter().map(|s| s.1).collect());
     Ok(LatencyBreakdown {
         bytes: count * 4,
-        call: median(calls.split_off(skip)),
-        device,
-        device_tracked,
-        device_raw,
+        call: median(calls),
+        device: device(0),
+        device_tracked: device(1),
+        device_raw: device(2),
+        device_raw_event: device(3),
+        device_raw_tracked: device(4),
+        loop_kolo: looped(0),
+        loop_raw: looped(2),
         complete: median(completes),
     })
 }

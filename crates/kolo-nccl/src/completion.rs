@@ -4,10 +4,11 @@
 //!
 //! The core, [`Queue`], is a plain data structure over [`Fence`]s (tested
 //! with fake fences); [`Completer`] is the thread around it. The thread
-//! polls `cuEventQuery` with a short backoff while work is pending, sleeps
-//! on its channel when idle, asks NCCL for asynchronous errors every few
-//! milliseconds, and fails everything pending when a fence errors, an
-//! operation outlives the timeout, or NCCL reports a failure.
+//! polls `cuEventQuery` with a short backoff while work is pending, spins
+//! briefly on its channel when idle and then sleeps on it, asks NCCL for
+//! asynchronous errors every few milliseconds, and fails everything
+//! pending when a fence errors, an operation outlives the timeout, or NCCL
+//! reports a failure.
 
 use crate::error::NcclError;
 use crate::work::{Health, WorkState};
@@ -144,6 +145,24 @@ impl Backoff {
     }
 }
 
+/// How long the thread polls its channel, with nothing to watch, before
+/// it blocks on it.
+const IDLE_SPIN: Duration = Duration::from_micros(100);
+
+/// Polls `rx` for up to [`IDLE_SPIN`]; `None` if nothing came (or the
+/// channel closed, which the blocking receive then reports).
+fn idle_spin<F>(rx: &Receiver<Msg<F>>) -> Option<Msg<F>> {
+    let until = Instant::now() + IDLE_SPIN;
+    loop {
+        match rx.try_recv() {
+            Ok(msg) => return Some(msg),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) if Instant::now() >= until => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+}
+
 enum Msg<F> {
     Track(Entry<F>),
     Stop,
@@ -230,12 +249,18 @@ fn run<F: Fence>(
     let mut backoff = Backoff::default();
     let mut last_check = Instant::now();
     loop {
-        // Take new entries: block only when there is nothing to watch.
+        // Take new entries: block only when there has been nothing to
+        // watch for a while. Spinning first keeps the enqueuing thread
+        // from waking this one (a futex wake, microseconds on a virtual
+        // machine) for every operation of a back-to-back stream.
         let first = if queue.len() == 0 {
-            match rx.recv_timeout(HEALTH_PERIOD * 10) {
-                Ok(msg) => Some(msg),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => break,
+            match idle_spin(&rx) {
+                Some(msg) => Some(msg),
+                None => match rx.recv_timeout(HEALTH_PERIOD * 10) {
+                    Ok(msg) => Some(msg),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
             }
         } else {
             rx.try_recv().ok()

@@ -4,18 +4,19 @@
 //! GPU. Several tensors move with one launch of the batched copy kernel
 //! ([`crate::copy_ptx`]), one tensor with one `cuMemcpyDtoDAsync`.
 //!
-//! cudarc's per-buffer events still cost two driver calls per tensor
-//! (a wait for its last write, a record of this use) when the tensors were
-//! allocated with event tracking on; tensors allocated with it off (the
-//! caller orders its streams, e.g. with [`NcclComm::wait_event`]) cost
-//! none.
+//! The parts are any device buffers: cudarc's per-buffer events cost two
+//! or three driver calls per tensor (waits for its last uses, a record of
+//! this one) when the tensors were allocated with event tracking on;
+//! tensors allocated with it off, or passed as [`crate::Untracked`] (the
+//! caller orders its streams, e.g. with one [`NcclComm::wait_event`] for
+//! all of them), cost none.
 
 use crate::comm::NcclComm;
 use crate::copy_ptx::Segment;
 use crate::error::NcclError;
 use crate::ops::DeviceElement;
 use crate::work::Work;
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use kolo_protocol::ReduceOp;
 use kolo_transport::Scale;
 use parking_lot::Mutex;
@@ -119,13 +120,13 @@ impl DeviceFusionBuffer {
 
     /// Copies `parts` one after another into the buffer (growing it when
     /// needed) and returns the packed element count.
-    pub fn pack<T: DeviceElement>(
+    pub fn pack<T: DeviceElement, V: DevicePtr<T>>(
         &mut self,
         comm: &NcclComm,
-        parts: &[CudaView<'_, T>],
+        parts: &[V],
     ) -> Result<usize, NcclError> {
         let elem = std::mem::size_of::<T>();
-        let total = packed_len(parts.iter().map(CudaView::len))?;
+        let total = packed_len(parts.iter().map(DeviceSlice::len))?;
         self.reserve(comm, packed_bytes(total, elem)?)?;
         comm.check_health()?;
         comm.device().bind()?;
@@ -172,13 +173,13 @@ impl DeviceFusionBuffer {
 
     /// Copies the packed elements back into `parts` (the same lengths, in
     /// the same order, as packed).
-    pub fn unpack<T: DeviceElement>(
+    pub fn unpack<T: DeviceElement, V: DevicePtrMut<T>>(
         &self,
         comm: &NcclComm,
-        parts: &mut [CudaViewMut<'_, T>],
+        parts: &mut [V],
     ) -> Result<(), NcclError> {
         let elem = std::mem::size_of::<T>();
-        let total = packed_len(parts.iter().map(CudaViewMut::len))?;
+        let total = packed_len(parts.iter().map(DeviceSlice::len))?;
         if packed_bytes(total, elem)? > self.buf.len() {
             return Err(NcclError::InvalidArgument(format!(
                 "unpacking {total} elements of {} from a fusion buffer of {} bytes",

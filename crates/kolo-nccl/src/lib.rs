@@ -11,10 +11,13 @@
 //! missing driver, library or symbol is an [`NcclError`] (probed first, see
 //! [`probe`]), never a panic. Each communicator owns a non-blocking stream
 //! at its device's highest priority; every operation waits on the GPU for
-//! its buffers' last writes (cudarc's per-buffer events) and for any ready
-//! event or stream given ([`NcclComm::wait_event`],
-//! [`NcclComm::begin_after_event`]), and returns a [`Work`] completed by
-//! the device's single completion thread, which also polls NCCL's
+//! its buffers' last writes (cudarc's per-buffer events; none for
+//! [`Untracked`] buffers, which the caller orders itself, e.g. many at once
+//! with one ready event) and for any ready event or stream given
+//! ([`NcclComm::wait_event`], [`NcclComm::begin_after_event`]), and
+//! returns a [`Work`] completed by the device's single completion thread
+//! (which spins briefly before it sleeps, so back-to-back operations do
+//! not pay for waking it), which also polls NCCL's
 //! asynchronous errors and fails pending work when a peer dies or an
 //! operation outlives [`NcclOptions::op_timeout`]. Dropping a communicator
 //! finalizes it when healthy and aborts it otherwise, within
@@ -129,6 +132,7 @@ pub mod sys;
 pub mod threads;
 mod transaction;
 mod tx_execute;
+mod untracked;
 pub mod widen;
 mod work;
 
@@ -140,4 +144,5 @@ pub use ops::DeviceElement;
 pub use raw_comm::Teardown;
 pub use staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use transaction::DeviceTransaction;
+pub use untracked::Untracked;
 pub use work::Work;

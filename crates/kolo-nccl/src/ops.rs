@@ -16,7 +16,7 @@ use crate::result;
 use crate::sys;
 use crate::work::Work;
 use cudarc::driver::{
-    sys::CUdeviceptr, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, ValidAsZeroBits,
+    sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, ValidAsZeroBits,
 };
 use kolo_transport::{Element, Topology};
 use std::ffi::{c_int, c_void};
@@ -60,6 +60,25 @@ impl NcclComm {
         Ok(())
     }
 
+    /// Runs one NCCL call over a single buffer of `bytes` bytes (nothing
+    /// when it is empty) and tracks it as `what`: `call` gets the
+    /// communication stream and the NCCL handle.
+    pub(crate) fn run_single(
+        &mut self,
+        what: String,
+        bytes: usize,
+        call: impl FnOnce(&CudaStream, sys::Comm) -> Result<(), NcclError>,
+    ) -> Result<Work, NcclError> {
+        self.run(what, |comm| {
+            if bytes == 0 {
+                return Ok(());
+            }
+            let stream = comm.device.stream().clone();
+            let handle = comm.handle()?;
+            call(&stream, handle)
+        })
+    }
+
     pub(crate) fn check_peer(&self, peer: usize, what: &str) -> Result<(), NcclError> {
         if peer >= self.size() {
             return Err(NcclError::InvalidArgument(format!(
@@ -79,15 +98,11 @@ impl NcclComm {
         self.check_device(buf, "broadcast buffer")?;
         self.check_peer(root, "broadcast root")?;
         let bytes = buf.num_bytes();
-        self.run(
+        self.run_single(
             format!("broadcast of {} {} from rank {root}", buf.len(), T::DTYPE),
-            |comm| {
-                if bytes == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let handle = comm.handle()?;
-                let (ptr, _written) = buf.device_ptr_mut(&stream);
+            bytes,
+            |stream, handle| {
+                let (ptr, _written) = buf.device_ptr_mut(stream);
                 // SAFETY: `ptr` holds `bytes` bytes of this device, alive until
                 // the stream reaches the call (cudarc's events); root checked.
                 unsafe {

@@ -9,8 +9,43 @@ use crate::raw_comm::grouped;
 use crate::result;
 use crate::sys;
 use crate::work::Work;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys::CUdeviceptr, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use kolo_transport::Topology;
+
+/// Which end of a point-to-point transfer this rank is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Send,
+    Recv,
+}
+
+/// `ncclSend` / `ncclRecv` of `bytes` bytes at `ptr` with `peer` (nothing
+/// when empty).
+///
+/// # Safety
+/// `ptr` spans `bytes` bytes of the communicator's device, alive until the
+/// stream reaches the call; `peer` is a rank of `handle`'s communicator;
+/// `stream` is its communication stream.
+unsafe fn transfer(
+    end: End,
+    ptr: CUdeviceptr,
+    bytes: usize,
+    peer: usize,
+    handle: sys::Comm,
+    stream: &CudaStream,
+) -> Result<(), NcclError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let (peer, stream) = (c_rank(peer), stream.cu_stream());
+    // SAFETY: per the caller's contract.
+    unsafe {
+        match end {
+            End::Send => result::send(dev(ptr), bytes, sys::dtype::UINT8, peer, handle, stream),
+            End::Recv => result::recv(dev(ptr), bytes, sys::dtype::UINT8, peer, handle, stream),
+        }
+    }
+}
 
 impl NcclComm {
     /// Sends `buf` to `peer` (`ncclSend`). NCCL matches sends and receives
@@ -22,30 +57,13 @@ impl NcclComm {
     ) -> Result<Work, NcclError> {
         self.check_device(buf, "send buffer")?;
         self.check_p2p_peer(peer, "send")?;
-        let bytes = buf.num_bytes();
-        self.run(
-            format!("send of {} {} to rank {peer}", buf.len(), T::DTYPE),
-            |comm| {
-                if bytes == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let handle = comm.handle()?;
-                let (ptr, _read) = buf.device_ptr(&stream);
-                // SAFETY: `ptr` holds `bytes` bytes, alive until the stream
-                // reaches the call (cudarc's events); peer checked.
-                unsafe {
-                    result::send(
-                        dev(ptr),
-                        bytes,
-                        sys::dtype::UINT8,
-                        c_rank(peer),
-                        handle,
-                        stream.cu_stream(),
-                    )
-                }
-            },
-        )
+        let what = format!("send of {} {} to rank {peer}", buf.len(), T::DTYPE);
+        self.run_single(what, buf.num_bytes(), |stream, handle| {
+            let (ptr, _read) = buf.device_ptr(stream);
+            // SAFETY: `ptr` spans the buffer, alive until the stream reaches
+            // the call (cudarc's events); peer checked.
+            unsafe { transfer(End::Send, ptr, buf.num_bytes(), peer, handle, stream) }
+        })
     }
 
     /// Receives `buf.len()` elements from `peer` (`ncclRecv`).
@@ -56,29 +74,15 @@ impl NcclComm {
     ) -> Result<Work, NcclError> {
         self.check_device(buf, "recv buffer")?;
         self.check_p2p_peer(peer, "recv")?;
-        let bytes = buf.num_bytes();
-        self.run(
+        let (what, bytes) = (
             format!("recv of {} {} from rank {peer}", buf.len(), T::DTYPE),
-            |comm| {
-                if bytes == 0 {
-                    return Ok(());
-                }
-                let stream = comm.device.stream().clone();
-                let handle = comm.handle()?;
-                let (ptr, _written) = buf.device_ptr_mut(&stream);
-                // SAFETY: as in `send`.
-                unsafe {
-                    result::recv(
-                        dev(ptr),
-                        bytes,
-                        sys::dtype::UINT8,
-                        c_rank(peer),
-                        handle,
-                        stream.cu_stream(),
-                    )
-                }
-            },
-        )
+            buf.num_bytes(),
+        );
+        self.run_single(what, bytes, |stream, handle| {
+            let (ptr, _written) = buf.device_ptr_mut(stream);
+            // SAFETY: as in `send`.
+            unsafe { transfer(End::Recv, ptr, bytes, peer, handle, stream) }
+        })
     }
 
     /// Sends `send` to `dst` and receives `recv` from `src` in one group:
@@ -102,36 +106,12 @@ impl NcclComm {
                 let handle = comm.handle()?;
                 let (s, _read) = send.device_ptr(&stream);
                 let (r, _written) = recv.device_ptr_mut(&stream);
-                grouped(|| {
-                    if send_bytes > 0 {
-                        // SAFETY: both buffers hold the byte counts given, alive
-                        // until the stream reaches the group (cudarc's events);
-                        // peers checked.
-                        unsafe {
-                            result::send(
-                                dev(s),
-                                send_bytes,
-                                sys::dtype::UINT8,
-                                c_rank(dst),
-                                handle,
-                                stream.cu_stream(),
-                            )
-                        }?;
-                    }
-                    if recv_bytes > 0 {
-                        // SAFETY: as above.
-                        unsafe {
-                            result::recv(
-                                dev(r),
-                                recv_bytes,
-                                sys::dtype::UINT8,
-                                c_rank(src),
-                                handle,
-                                stream.cu_stream(),
-                            )
-                        }?;
-                    }
-                    Ok(())
+                // SAFETY: both buffers hold the byte counts given, alive
+                // until the stream reaches the group (cudarc's events);
+                // peers checked.
+                grouped(|| unsafe {
+                    transfer(End::Send, s, send_bytes, dst, handle, &stream)?;
+                    transfer(End::Recv, r, recv_bytes, src, handle, &stream)
                 })
             },
         )
@@ -167,43 +147,20 @@ impl NcclComm {
             for (buf, peer) in sends {
                 let (ptr, guard) = buf.device_ptr(&stream);
                 guards.push(guard);
-                issued.push((true, ptr, buf.num_bytes(), *peer));
+                issued.push((End::Send, ptr, buf.num_bytes(), *peer));
             }
             for (buf, peer) in recvs.iter_mut() {
                 let bytes = buf.num_bytes();
                 let (ptr, guard) = buf.device_ptr_mut(&stream);
                 guards.push(guard);
-                issued.push((false, ptr, bytes, *peer));
+                issued.push((End::Recv, ptr, bytes, *peer));
             }
             grouped(|| {
-                for &(is_send, ptr, bytes, peer) in issued.iter().filter(|i| i.2 > 0) {
-                    if is_send {
-                        // SAFETY: `ptr` spans the buffer's `bytes`, alive
-                        // until the stream reaches the group (cudarc's
-                        // events, recorded when `guards` drop); peer checked.
-                        unsafe {
-                            result::send(
-                                dev(ptr),
-                                bytes,
-                                sys::dtype::UINT8,
-                                c_rank(peer),
-                                handle,
-                                stream.cu_stream(),
-                            )
-                        }?;
-                    } else {
-                        // SAFETY: as above.
-                        unsafe {
-                            result::recv(
-                                dev(ptr),
-                                bytes,
-                                sys::dtype::UINT8,
-                                c_rank(peer),
-                                handle,
-                                stream.cu_stream(),
-                            )
-                        }?;
-                    }
+                for &(end, ptr, bytes, peer) in &issued {
+                    // SAFETY: `ptr` spans the buffer's `bytes`, alive until
+                    // the stream reaches the group (cudarc's events,
+                    // recorded when `guards` drop); peer checked.
+                    unsafe { transfer(end, ptr, bytes, peer, handle, &stream) }?;
                 }
                 Ok(())
             })

@@ -87,36 +87,114 @@ pub unsafe fn comm_init_rank(nranks: c_int, id: UniqueId, rank: c_int) -> Result
     Ok(comm)
 }
 
-/// `ncclCommFinalize`.
-///
-/// # Safety
-/// `comm` is a live communicator, not used concurrently.
-pub unsafe fn comm_finalize(comm: Comm) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclCommFinalize", unsafe {
-        (api.comm_finalize)(comm)
-    })
+/// One thin `unsafe` wrapper per NCCL call that takes pointers or a
+/// communicator and returns only its status (named as its field of
+/// [`sys::Api`]): the status becomes a `Result` through [`check`]; the
+/// contract is the documented one.
+macro_rules! nccl_calls {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident $c_name:literal ($($arg:ident: $ty:ty),* $(,)?);
+    )*) => {$(
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name($($arg: $ty),*) -> Result<(), NcclError> {
+            let api = sys::api()?;
+            // SAFETY: per the caller's contract (this function's `# Safety`).
+            check(api, $c_name, unsafe { (api.$name)($($arg),*) })
+        }
+    )*};
 }
 
-/// `ncclCommDestroy`.
-///
-/// # Safety
-/// `comm` is a live communicator, never used again.
-pub unsafe fn comm_destroy(comm: Comm) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclCommDestroy", unsafe { (api.comm_destroy)(comm) })
-}
+nccl_calls! {
+    /// `ncclCommFinalize`.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator, not used concurrently.
+    fn comm_finalize "ncclCommFinalize" (comm: Comm);
 
-/// `ncclCommAbort`.
-///
-/// # Safety
-/// `comm` is a live communicator, never used again.
-pub unsafe fn comm_abort(comm: Comm) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclCommAbort", unsafe { (api.comm_abort)(comm) })
+    /// `ncclCommDestroy`.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator, never used again.
+    fn comm_destroy "ncclCommDestroy" (comm: Comm);
+
+    /// `ncclCommAbort`.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator, never used again.
+    fn comm_abort "ncclCommAbort" (comm: Comm);
+
+    /// `ncclAllReduce`.
+    ///
+    /// # Safety
+    /// `send` / `recv` are device memory of `comm`'s device holding `count`
+    /// elements of `dtype` (or equal, for in place), alive until the stream
+    /// reaches the operation; `op` is valid for `comm`; `stream` is live.
+    fn all_reduce "ncclAllReduce" (
+        send: *const c_void, recv: *mut c_void, count: usize, dtype: DataType,
+        op: RedOp, comm: Comm, stream: CUstream,
+    );
+
+    /// `ncclBroadcast`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`]; `send` is read on `root` only.
+    fn broadcast "ncclBroadcast" (
+        send: *const c_void, recv: *mut c_void, count: usize, dtype: DataType,
+        root: c_int, comm: Comm, stream: CUstream,
+    );
+
+    /// `ncclReduce`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`]; `recv` is written on `root` only.
+    fn reduce "ncclReduce" (
+        send: *const c_void, recv: *mut c_void, count: usize, dtype: DataType,
+        op: RedOp, root: c_int, comm: Comm, stream: CUstream,
+    );
+
+    /// `ncclAllGather`: `send` holds `count` elements, `recv` `count * nranks`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`].
+    fn all_gather "ncclAllGather" (
+        send: *const c_void, recv: *mut c_void, count: usize, dtype: DataType,
+        comm: Comm, stream: CUstream,
+    );
+
+    /// `ncclReduceScatter`: `send` holds `count * nranks` elements, `recv` `count`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`].
+    fn reduce_scatter "ncclReduceScatter" (
+        send: *const c_void, recv: *mut c_void, count: usize, dtype: DataType,
+        op: RedOp, comm: Comm, stream: CUstream,
+    );
+
+    /// `ncclSend`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`], for `send` only.
+    fn send "ncclSend" (
+        buf: *const c_void, count: usize, dtype: DataType, peer: c_int, comm: Comm,
+        stream: CUstream,
+    );
+
+    /// `ncclRecv`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`], for `recv` only.
+    fn recv "ncclRecv" (
+        buf: *mut c_void, count: usize, dtype: DataType, peer: c_int, comm: Comm,
+        stream: CUstream,
+    );
+
+    /// `ncclRedOpDestroy`.
+    ///
+    /// # Safety
+    /// `op` was created for the live communicator `comm` and is not used again.
+    fn red_op_destroy "ncclRedOpDestroy" (op: RedOp, comm: Comm);
 }
 
 /// `ncclCommGetAsyncError`: `Ok(None)` while healthy, `Ok(Some(error))`
@@ -156,148 +234,6 @@ pub fn group_end() -> Result<(), NcclError> {
     check(api, "ncclGroupEnd", unsafe { (api.group_end)() })
 }
 
-/// `ncclAllReduce`.
-///
-/// # Safety
-/// `send` / `recv` are device memory of `comm`'s device holding `count`
-/// elements of `dtype` (or equal, for in place), alive until the stream
-/// reaches the operation; `op` is valid for `comm`; `stream` is live.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn all_reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    op: RedOp,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclAllReduce", unsafe {
-        (api.all_reduce)(send, recv, count, dtype, op, comm, stream)
-    })
-}
-
-/// `ncclBroadcast`.
-///
-/// # Safety
-/// As [`all_reduce`]; `send` is read on `root` only.
-pub unsafe fn broadcast(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    root: c_int,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclBroadcast", unsafe {
-        (api.broadcast)(send, recv, count, dtype, root, comm, stream)
-    })
-}
-
-/// `ncclReduce`.
-///
-/// # Safety
-/// As [`all_reduce`]; `recv` is written on `root` only.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    op: RedOp,
-    root: c_int,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclReduce", unsafe {
-        (api.reduce)(send, recv, count, dtype, op, root, comm, stream)
-    })
-}
-
-/// `ncclAllGather`: `send` holds `count` elements, `recv` `count * nranks`.
-///
-/// # Safety
-/// As [`all_reduce`].
-pub unsafe fn all_gather(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclAllGather", unsafe {
-        (api.all_gather)(send, recv, count, dtype, comm, stream)
-    })
-}
-
-/// `ncclReduceScatter`: `send` holds `count * nranks` elements, `recv` `count`.
-///
-/// # Safety
-/// As [`all_reduce`].
-pub unsafe fn reduce_scatter(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    op: RedOp,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclReduceScatter", unsafe {
-        (api.reduce_scatter)(send, recv, count, dtype, op, comm, stream)
-    })
-}
-
-/// `ncclSend`.
-///
-/// # Safety
-/// As [`all_reduce`], for `send` only.
-pub unsafe fn send(
-    buf: *const c_void,
-    count: usize,
-    dtype: DataType,
-    peer: c_int,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclSend", unsafe {
-        (api.send)(buf, count, dtype, peer, comm, stream)
-    })
-}
-
-/// `ncclRecv`.
-///
-/// # Safety
-/// As [`all_reduce`], for `recv` only.
-pub unsafe fn recv(
-    buf: *mut c_void,
-    count: usize,
-    dtype: DataType,
-    peer: c_int,
-    comm: Comm,
-    stream: CUstream,
-) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclRecv", unsafe {
-        (api.recv)(buf, count, dtype, peer, comm, stream)
-    })
-}
-
 /// `ncclRedOpCreatePreMulSum` with a host-immediate scalar: `scalar` holds
 /// one value of `dtype` (its first 2, 4 or 8 bytes).
 ///
@@ -323,16 +259,4 @@ pub unsafe fn pre_mul_sum(
         )
     })?;
     Ok(op)
-}
-
-/// `ncclRedOpDestroy`.
-///
-/// # Safety
-/// `op` was created for the live communicator `comm` and is not used again.
-pub unsafe fn red_op_destroy(op: RedOp, comm: Comm) -> Result<(), NcclError> {
-    let api = sys::api()?;
-    // SAFETY: per the caller's contract.
-    check(api, "ncclRedOpDestroy", unsafe {
-        (api.red_op_destroy)(op, comm)
-    })
 }

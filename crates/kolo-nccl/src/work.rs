@@ -21,6 +21,30 @@ struct State {
 pub(crate) struct WorkState {
     state: Mutex<State>,
     done: Condvar,
+    /// Set (after `state` holds the outcome) when completed: a waiter
+    /// spins on it before sleeping on `done`.
+    finished: AtomicBool,
+}
+
+/// How long [`Work::wait`] spins on the outcome before it sleeps: a short
+/// operation completes within it, and waking a sleeping thread costs
+/// microseconds on a virtual machine.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+
+impl WorkState {
+    /// Spins until completed or `bound` has passed; true if completed.
+    fn spin(&self, bound: Duration) -> bool {
+        let until = Instant::now() + bound;
+        loop {
+            if self.finished.load(Ordering::Acquire) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl WorkState {
@@ -33,6 +57,7 @@ impl WorkState {
                 return;
             }
             state.outcome = Some(outcome.clone());
+            self.finished.store(true, Ordering::Release);
             std::mem::take(&mut state.callbacks)
         };
         self.done.notify_all();
@@ -50,7 +75,8 @@ impl WorkState {
 ///
 /// Later GPU work does not need the handle: buffers written by the
 /// operation carry cudarc's write events, which any stream using them
-/// waits for.
+/// waits for ([`crate::Untracked`] buffers excepted: order them with
+/// [`NcclComm::join_into`](crate::NcclComm::join_into) or the handle).
 #[derive(Clone)]
 pub struct Work {
     state: Arc<WorkState>,
@@ -91,12 +117,13 @@ impl Work {
 
     /// True once completed (successfully or not).
     pub fn is_done(&self) -> bool {
-        self.state.state.lock().outcome.is_some()
+        self.state.finished.load(Ordering::Acquire)
     }
 
     /// Blocks until completed. Terminates: the completion thread fails the
     /// handle after the communicator's operation timeout.
     pub fn wait(&self) -> Result<(), NcclError> {
+        self.state.spin(WAIT_SPIN);
         let mut state = self.state.state.lock();
         loop {
             if let Some(outcome) = &state.outcome {
@@ -110,6 +137,7 @@ impl Work {
     /// (the operation itself continues).
     pub fn wait_timeout(&self, timeout: Duration) -> Result<(), NcclError> {
         let deadline = Instant::now() + timeout;
+        self.state.spin(WAIT_SPIN.min(timeout));
         let mut state = self.state.state.lock();
         loop {
             if let Some(outcome) = &state.outcome {

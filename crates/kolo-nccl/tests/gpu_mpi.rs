@@ -6,7 +6,8 @@
 //!
 //! `--bench` also prints nccl-tests-style bandwidths, the small-allreduce
 //! breakdown and the fused step (plus `json:` lines); `--no-checks` skips
-//! the checks (bench only).
+//! the checks (bench only); `--small` prints the bench without the
+//! bandwidth tables.
 
 mod gpu;
 
@@ -19,7 +20,9 @@ use std::time::Duration;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let bench = args.iter().any(|a| a == "--bench");
+    let small = args.iter().any(|a| a == "--small");
+    // Some(whether to print the bandwidth tables).
+    let bench = (small || args.iter().any(|a| a == "--bench")).then_some(!small);
     let checks = !args.iter().any(|a| a == "--no-checks");
     if under_mpirun() {
         std::process::exit(rank_main(bench, checks));
@@ -53,7 +56,11 @@ fn main() {
             continue;
         }
         println!("== process mode: mpirun -np {np} ==");
-        let mut pass: Vec<&str> = if bench { vec!["--bench"] } else { vec![] };
+        let mut pass: Vec<&str> = match bench {
+            Some(true) => vec!["--bench"],
+            Some(false) => vec!["--small"],
+            None => vec![],
+        };
         if !checks {
             pass.push("--no-checks");
         }
@@ -87,7 +94,7 @@ fn main() {
 
 /// One rank: build the communicator over MPI, run every check, agree on
 /// the outcome with the other ranks.
-fn rank_main(bench: bool, checks: bool) -> i32 {
+fn rank_main(bench: Option<bool>, checks: bool) -> i32 {
     let mut mpi = match MpiComm::init(false) {
         Ok(mpi) => mpi,
         Err(e) => {
@@ -115,8 +122,8 @@ fn rank_main(bench: bool, checks: bool) -> i32 {
             if checks {
                 gpu::run_all(&mut comm, &mut mpi, &mut report);
             }
-            if bench {
-                print_bench(&mut comm, "process mode");
+            if let Some(tables) = bench {
+                print_bench(&mut comm, "process mode", tables);
             }
             gpu::close(comm, &mut report);
         }

@@ -5,7 +5,8 @@
 //!
 //! `--bench` also prints nccl-tests-style bandwidths, the small-allreduce
 //! breakdown and the fused step (plus `json:` lines); `--no-checks` skips
-//! the checks (bench only).
+//! the checks (bench only); `--small` prints the bench without the
+//! bandwidth tables.
 
 mod gpu;
 
@@ -30,7 +31,9 @@ fn main() {
     if wanted.is_empty() {
         wanted = vec![1, 2];
     }
-    let bench = args.iter().any(|a| a == "--bench");
+    let small = args.iter().any(|a| a == "--small");
+    // Some(whether to print the bandwidth tables).
+    let bench = (small || args.iter().any(|a| a == "--bench")).then_some(!small);
     let checks = !args.iter().any(|a| a == "--no-checks");
     let mut ok = true;
     for n in wanted {
@@ -47,7 +50,7 @@ fn main() {
     println!("gpu_threads: all checks passed");
 }
 
-fn run_threads(n: usize, bench: bool, checks: bool) -> bool {
+fn run_threads(n: usize, bench: Option<bool>, checks: bool) -> bool {
     println!("== thread mode, {n} GPU(s) ==");
     let options = NcclOptions {
         op_timeout: OP_TIMEOUT,
@@ -69,15 +72,15 @@ fn run_threads(n: usize, bench: bool, checks: bool) -> bool {
                 if checks {
                     transactions::copy_engines(&mut ce, &mut report);
                 }
-                if bench {
-                    print_bench(&mut ce, "thread mode, copy engines");
+                if let Some(tables) = bench {
+                    print_bench(&mut ce, "thread mode, copy engines", tables);
                 }
                 gpu::close(ce, &mut report);
             }
             Err(e) => report.check("copy engines: init", Err(e.to_string())),
         }
-        if bench {
-            print_bench(comm, "thread mode");
+        if let Some(tables) = bench {
+            print_bench(comm, "thread mode", tables);
         }
         Ok(report)
     });

@@ -202,12 +202,12 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// nccl-tests-style table, the small-allreduce latency and its breakdown,
-/// and the many-gradients step, printed by rank 0 (every rank runs them),
-/// each row also as a `json:` line.
-pub fn print_bench(comm: &mut NcclComm, label: &str) {
+/// nccl-tests-style table (when `tables`), the small-allreduce latency
+/// and its breakdown, and the many-gradients step, printed by rank 0
+/// (every rank runs them), each row also as a `json:` line.
+pub fn print_bench(comm: &mut NcclComm, label: &str, tables: bool) {
     let (rank, n) = (comm.rank(), comm.size());
-    for op in BenchOp::ALL {
+    for op in BenchOp::ALL.into_iter().filter(|_| tables) {
         for bytes in SIZES {
             let iters = if bytes >= 1 << 30 { 10 } else { 20 };
             match time_op(comm, op, bytes, 5, iters) {
@@ -248,11 +248,15 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
     match latency_breakdown(comm, 8, 20, 200) {
         Ok(b) if rank == 0 => {
             println!(
-                "small: [{label}] 8 B allreduce: host call {:.1} us; device per op back to back {:.1} us (event-tracked buffer {:.1} us, bare ncclAllReduce {:.1} us); call to completion {:.1} us",
+                "small: [{label}] 8 B allreduce: host call {:.1} us; device per op back to back {:.1} us (event-tracked buffer {:.1} us, bare ncclAllReduce {:.1} us, bare + event record {:.1} us, bare + kolo tracking {:.1} us); nccl-tests-style loop (host clock, one sync) kolo {:.1} us, bare {:.1} us; call to completion {:.1} us",
                 us(b.call),
                 us(b.device),
                 us(b.device_tracked),
                 us(b.device_raw),
+                us(b.device_raw_event),
+                us(b.device_raw_tracked),
+                us(b.loop_kolo),
+                us(b.loop_raw),
                 us(b.complete)
             );
             json_row(
@@ -265,6 +269,10 @@ pub fn print_bench(comm: &mut NcclComm, label: &str) {
                     ("device_us", us(b.device)),
                     ("device_tracked_us", us(b.device_tracked)),
                     ("device_raw_us", us(b.device_raw)),
+                    ("device_raw_event_us", us(b.device_raw_event)),
+                    ("device_raw_tracked_us", us(b.device_raw_tracked)),
+                    ("loop_kolo_us", us(b.loop_kolo)),
+                    ("loop_raw_us", us(b.loop_raw)),
                     ("complete_us", us(b.complete)),
                 ],
             );

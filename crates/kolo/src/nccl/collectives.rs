@@ -9,31 +9,28 @@ use super::plane::{
 };
 use super::tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
-use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
-use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
+use cudarc::driver::{CudaSlice, DeviceSlice};
+use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Untracked, Work};
 use kolo_protocol::Response;
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::Scale;
 use std::any::Any;
+use std::sync::Arc;
 
 /// What a response leaves per tensor: an output the engine allocated
 /// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`]) with its
 /// shape, or nothing (in-place results).
-pub(crate) type Outputs = Vec<Option<(Box<dyn Any + Send>, Vec<u64>)>>;
+pub(crate) type Outputs = Vec<Option<Output>>;
 
-/// A device buffer of `len` copies of `fill` (at least one element: CUDA
-/// allocates no empty buffers; callers slice it to `len`).
-fn spare<T: DeviceElement>(
-    comm: &NcclComm,
-    len: usize,
-    fill: T,
-) -> Result<CudaSlice<T>, NcclError> {
-    comm.stream()
-        .clone_htod(&vec![fill; len.max(1)])
-        .map_err(|e| NcclError::Cuda {
-            call: "cuMemcpyHtoDAsync",
-            message: format!("{e:?}"),
-        })
+/// One tensor's output and its shape.
+pub(crate) type Output = (Box<dyn Any + Send>, Vec<u64>);
+
+/// What enqueueing a response left: its outputs, and the [`Work`] of the
+/// last call when nothing was enqueued after it (it then completes with
+/// the whole response).
+pub(crate) struct Enqueued {
+    pub outputs: Outputs,
+    pub last: Option<Work>,
 }
 
 /// The element count of tensor `index` of `response`.
@@ -50,35 +47,71 @@ fn phase<R>(timeline: &Timeline, tensors: &[&str], name: &str, enqueue: impl FnO
     out
 }
 
-/// The caller's buffer written by the operation of `part`, or the spare.
-fn written<'a, T>(
-    part: &'a mut Part<T>,
-    spare: &'a mut Option<CudaSlice<T>>,
+/// A buffer of `len` copies of `fill` on `comm`'s stream (at least one
+/// element: CUDA allocates no empty buffers).
+fn alloc<T: DeviceElement>(
+    comm: &NcclComm,
     len: usize,
-) -> Result<CudaViewMut<'a, T>, NcclError> {
-    match (part.args.as_mut().and_then(|a| a.output.as_mut()), spare) {
-        (Some(view), _) => Ok(view.slice_mut(..)),
-        (None, Some(spare)) => Ok(spare.slice_mut(..len)),
-        (None, None) => Err(NcclError::InvalidArgument(format!(
-            "internal: tensor '{}' has no buffer to write",
-            part.name
-        ))),
-    }
+    fill: T,
+) -> Result<CudaSlice<T>, NcclError> {
+    comm.stream()
+        .clone_htod(&vec![fill; len.max(1)])
+        .map_err(|e| NcclError::Cuda {
+            call: "cuMemcpyHtoDAsync",
+            message: format!("{e:?}"),
+        })
 }
 
-/// The caller's input of `part`, or the spare.
-fn read<'a, T>(
-    part: &'a Part<T>,
-    spare: &'a Option<CudaSlice<T>>,
-    len: usize,
-) -> Result<CudaView<'a, T>, NcclError> {
-    match (part.args.as_ref().and_then(|a| a.input.as_ref()), spare) {
-        (Some(view), _) => Ok(view.slice(..)),
-        (None, Some(spare)) => Ok(spare.slice(..len)),
-        (None, None) => Err(NcclError::InvalidArgument(format!(
-            "internal: tensor '{}' has no input",
-            part.name
-        ))),
+/// The stand-ins of a rank that joined (no entry for a tensor): the op's
+/// identity, zero rows, a buffer to receive into — allocated on the
+/// plane's stream, held until the response is enqueued, then freed in
+/// that stream's order (after the work using them).
+struct Spares<T>(Vec<CudaSlice<T>>);
+
+impl<T: DeviceElement> Spares<T> {
+    /// `part`'s buffer to write, or a stand-in of `len` copies of `fill`.
+    fn output(
+        &mut self,
+        comm: &NcclComm,
+        part: &Part<T>,
+        len: usize,
+        fill: T,
+    ) -> Result<Untracked<T>, NcclError> {
+        match part.args.as_ref().and_then(|a| a.write.as_ref()) {
+            Some(write) => Ok(write.prefix(write.len())),
+            None => self.stand_in(comm, len, fill),
+        }
+    }
+
+    /// `part`'s input, or a stand-in of `len` copies of `fill`.
+    fn input(
+        &mut self,
+        comm: &NcclComm,
+        part: &Part<T>,
+        len: usize,
+        fill: T,
+    ) -> Result<Untracked<T>, NcclError> {
+        match part.args.as_ref().and_then(|a| a.read.as_ref()) {
+            Some(read) => Ok(read.prefix(read.len())),
+            None => self.stand_in(comm, len, fill),
+        }
+    }
+
+    fn stand_in(
+        &mut self,
+        comm: &NcclComm,
+        len: usize,
+        fill: T,
+    ) -> Result<Untracked<T>, NcclError> {
+        let mut buf = alloc(comm, len, fill)?;
+        let stream = Arc::clone(comm.stream());
+        // SAFETY: `buf` was allocated and filled on the plane's stream,
+        // which runs the work given this address; `self` keeps it until
+        // that work is enqueued, and dropping it then frees it in that
+        // stream's order, after the work.
+        let untracked = unsafe { Untracked::write_after(&mut buf.slice_mut(..len), &stream) };
+        self.0.push(buf);
+        Ok(untracked)
     }
 }
 
@@ -91,29 +124,26 @@ impl NcclPlane {
         parts: &mut [Part<T>],
         timeline: &Timeline,
         names: &[&str],
-    ) -> Result<Outputs, NcclError> {
+    ) -> Result<Enqueued, NcclError> {
         let op = response.reduce_op;
         let scale = Scale {
             prescale: response.prescale,
             postscale: response.postscale,
         };
         let NcclPlane { comm, fusion } = self;
-        let mut spares = Vec::with_capacity(parts.len());
-        for (i, part) in parts.iter().enumerate() {
-            spares.push(match part.args {
-                Some(_) => None,
-                None => Some(spare(comm, size_of(response, i), T::identity(op))?),
-            });
-        }
+        let mut spares = Spares(Vec::new());
         let mut views = Vec::with_capacity(parts.len());
-        for (i, (part, spare)) in parts.iter_mut().zip(spares.iter_mut()).enumerate() {
-            views.push(written(part, spare, size_of(response, i))?);
+        for (i, part) in parts.iter().enumerate() {
+            views.push(spares.output(comm, part, size_of(response, i), T::identity(op))?);
         }
         if let [view] = views.as_mut_slice() {
-            phase(timeline, names, NCCL_ALLREDUCE, || {
+            let work = phase(timeline, names, NCCL_ALLREDUCE, || {
                 comm.all_reduce(view, op, scale)
             })?;
-            return Ok(Vec::new());
+            return Ok(Enqueued {
+                outputs: Vec::new(),
+                last: Some(work),
+            });
         }
         let fusion = match fusion {
             Some(buffer) => buffer,
@@ -125,8 +155,7 @@ impl NcclPlane {
             )?),
         };
         let count = phase(timeline, names, activity::MEMCPY_IN_FUSION_BUFFER, || {
-            let sources: Vec<CudaView<'_, T>> = views.iter().map(|v| v.as_view()).collect();
-            fusion.pack(comm, &sources)
+            fusion.pack(comm, &views)
         })?;
         phase(timeline, names, NCCL_ALLREDUCE, || {
             fusion.all_reduce::<T>(comm, count, op, scale)
@@ -134,7 +163,35 @@ impl NcclPlane {
         phase(timeline, names, activity::MEMCPY_OUT_FUSION_BUFFER, || {
             fusion.unpack(comm, &mut views)
         })?;
-        Ok(Vec::new())
+        Ok(Enqueued {
+            outputs: Vec::new(),
+            last: None,
+        })
+    }
+
+    /// Enqueues `each` for every tensor of a response in order (one call
+    /// per tensor, given the communicator, the spares, the tensor's index
+    /// and part) and collects the outputs; the last call's work settles
+    /// the response.
+    fn per_tensor<T: DeviceElement>(
+        &mut self,
+        parts: &[Part<T>],
+        mut each: impl FnMut(
+            &mut NcclComm,
+            &mut Spares<T>,
+            usize,
+            &Part<T>,
+        ) -> Result<(Work, Option<Output>), NcclError>,
+    ) -> Result<Enqueued, NcclError> {
+        let mut spares = Spares(Vec::new());
+        let mut outputs = Vec::with_capacity(parts.len());
+        let mut last = None;
+        for (i, part) in parts.iter().enumerate() {
+            let (work, output) = each(&mut self.comm, &mut spares, i, part)?;
+            last = Some(work);
+            outputs.push(output);
+        }
+        Ok(Enqueued { outputs, last })
     }
 
     /// Broadcasts each tensor from the response's root, in place.
@@ -143,21 +200,15 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs, NcclError> {
+    ) -> Result<Enqueued, NcclError> {
         let root = response.root_rank as usize;
-        for (i, part) in parts.iter_mut().enumerate() {
-            let len = size_of(response, i);
-            let mut spare_buf = match part.args {
-                Some(_) => None,
-                None => Some(spare(&self.comm, len, T::default())?),
-            };
-            let name = part.name.clone();
-            let mut view = written(part, &mut spare_buf, len)?;
-            phase(timeline, &[&name], NCCL_BROADCAST, || {
-                self.comm.broadcast(&mut view, root)
+        self.per_tensor(parts, |comm, spares, i, part| {
+            let mut buf = spares.output(comm, part, size_of(response, i), T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_BROADCAST, || {
+                comm.broadcast(&mut buf, root)
             })?;
-        }
-        Ok(Vec::new())
+            Ok((work, None))
+        })
     }
 
     /// Reduce-scatters each tensor: this rank keeps its share of the rows.
@@ -166,14 +217,14 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs, NcclError> {
+    ) -> Result<Enqueued, NcclError> {
         let (rank, size) = topology(&self.comm);
         let op = response.reduce_op;
         let scale = Scale {
             prescale: response.prescale,
             postscale: response.postscale,
         };
-        for (i, part) in parts.iter_mut().enumerate() {
+        self.per_tensor(parts, |comm, spares, i, part| {
             let total = size_of(response, i);
             let rows = response
                 .first_dims
@@ -190,40 +241,13 @@ impl NcclPlane {
                 .map(|r| r.saturating_mul(row))
                 .collect();
             let mine = counts.get(rank).copied().unwrap_or(0);
-            let (spare_in, mut spare_out) = match part.args {
-                Some(_) => (None, None),
-                None => (
-                    Some(spare(&self.comm, total, T::identity(op))?),
-                    Some(spare(&self.comm, mine, T::default())?),
-                ),
-            };
-            let name = part.name.clone();
-            let (mine_in, mine_out) = match part.args.as_mut() {
-                Some(args) => (
-                    args.input.as_ref().map(|v| v.slice(..)),
-                    args.output.as_mut().map(|v| v.slice_mut(..)),
-                ),
-                None => (None, None),
-            };
-            let missing = |what: &str| {
-                NcclError::InvalidArgument(format!("internal: tensor '{name}' has no {what}"))
-            };
-            let input = match (mine_in, &spare_in) {
-                (Some(view), _) => view,
-                (None, Some(spare)) => spare.slice(..total),
-                (None, None) => return Err(missing("input")),
-            };
-            let mut output = match (mine_out, spare_out.as_mut()) {
-                (Some(view), _) => view,
-                (None, Some(spare)) => spare.slice_mut(..mine),
-                (None, None) => return Err(missing("output")),
-            };
-            phase(timeline, &[&name], NCCL_REDUCESCATTER, || {
-                self.comm
-                    .reduce_scatter(&input, &mut output, &counts, op, scale)
+            let input = spares.input(comm, part, total, T::identity(op))?;
+            let mut output = spares.output(comm, part, mine, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_REDUCESCATTER, || {
+                comm.reduce_scatter(&input, &mut output, &counts, op, scale)
             })?;
-        }
-        Ok(Vec::new())
+            Ok((work, None))
+        })
     }
 
     /// Allgathers each tensor into a new buffer on the plane's stream.
@@ -232,10 +256,9 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs, NcclError> {
+    ) -> Result<Enqueued, NcclError> {
         let (_, size) = topology(&self.comm);
-        let mut outputs = Vec::with_capacity(parts.len());
-        for (i, part) in parts.iter().enumerate() {
+        self.per_tensor(parts, |comm, spares, i, part| {
             let rows: Vec<u64> = response
                 .first_dims
                 .iter()
@@ -253,15 +276,10 @@ impl NcclPlane {
                 .map(|&r| usize::try_from(r).unwrap_or(0).saturating_mul(row))
                 .collect();
             let total: usize = counts.iter().sum();
-            let spare_in = match part.args {
-                Some(_) => None,
-                None => Some(spare(&self.comm, 0, T::default())?),
-            };
-            let input = read(part, &spare_in, 0)?;
-            let mut gathered = spare(&self.comm, total, T::default())?;
-            phase(timeline, &[&part.name], NCCL_ALLGATHER, || {
-                self.comm
-                    .all_gatherv(&input, &mut gathered.slice_mut(..total), &counts)
+            let input = spares.input(comm, part, 0, T::default())?;
+            let mut gathered = alloc(comm, total, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_ALLGATHER, || {
+                comm.all_gatherv(&input, &mut gathered.slice_mut(..total), &counts)
             })?;
             let trailing = part.shape.iter().skip(1).copied();
             let shape = if part.shape.is_empty() {
@@ -269,9 +287,11 @@ impl NcclPlane {
             } else {
                 std::iter::once(rows.iter().sum()).chain(trailing).collect()
             };
-            outputs.push(Some((Box::new(gathered) as Box<dyn Any + Send>, shape)));
-        }
-        Ok(outputs)
+            Ok((
+                work,
+                Some((Box::new(gathered) as Box<dyn Any + Send>, shape)),
+            ))
+        })
     }
 
     /// Exchanges each tensor: rank r's rows for rank p go to p; the output
@@ -282,10 +302,9 @@ impl NcclPlane {
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
-    ) -> Result<Outputs, NcclError> {
+    ) -> Result<Enqueued, NcclError> {
         let (rank, size) = topology(&self.comm);
-        let mut outputs = Vec::with_capacity(parts.len());
-        for part in parts.iter() {
+        self.per_tensor(parts, |comm, spares, _, part| {
             let row = if part.shape.is_empty() {
                 0
             } else {
@@ -298,15 +317,11 @@ impl NcclPlane {
                         response.splits
                     ))
                 })?;
-            let spare_in = match part.args {
-                Some(_) => None,
-                None => Some(spare(&self.comm, 0, T::default())?),
-            };
-            let input = read(part, &spare_in, 0)?;
+            let input = spares.input(comm, part, 0, T::default())?;
             let total: usize = recv_counts.iter().sum();
-            let mut received = spare(&self.comm, total, T::default())?;
-            phase(timeline, &[&part.name], NCCL_ALLTOALL, || {
-                self.comm.all_to_allv(
+            let mut received = alloc(comm, total, T::default())?;
+            let work = phase(timeline, &[&part.name], NCCL_ALLTOALL, || {
+                comm.all_to_allv(
                     &input,
                     &send_counts,
                     &mut received.slice_mut(..total),
@@ -329,8 +344,7 @@ impl NcclPlane {
                 data: received,
                 splits,
             };
-            outputs.push(Some((Box::new(output) as Box<dyn Any + Send>, shape)));
-        }
-        Ok(outputs)
+            Ok((work, Some((Box::new(output) as Box<dyn Any + Send>, shape))))
+        })
     }
 }

@@ -14,12 +14,12 @@
 //!
 //! Device collectives are submitted blocking ([`Kolo::allreduce_device`],
 //! ...) or asynchronously inside a [`Kolo::device_scope`]. At submission
-//! an event is recorded on the tensor's stream; the engine's NCCL stream
-//! waits for it on the GPU (never a CPU sync), performs the agreed
-//! operation — ready allreduces of one dtype / op fused through a
-//! persistent device fusion buffer — and records a done event. The handle
-//! completes when the GPU work has completed, and its `wait` makes the
-//! tensor's stream wait for the done event.
+//! one event is recorded on each stream of the submitted tensors; the
+//! engine's NCCL stream waits for it on the GPU (never a CPU sync) and
+//! performs the agreed operation on the tensors' addresses — ready
+//! allreduces of one dtype / op fused through a persistent device fusion
+//! buffer, with no cudarc event per tensor. The handle completes when the
+//! GPU work has completed, so the result is visible to every stream.
 //!
 //! ```no_run
 //! use kolo::nccl::cudarc::driver::CudaSlice;
@@ -44,6 +44,7 @@ mod collectives;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod plane;
+mod ready;
 mod scope;
 mod start;
 mod tensor;

@@ -3,19 +3,20 @@
 //! their handles from kolo-nccl's completion thread once the GPU is done.
 //!
 //! Per response: the stream waits (on the GPU) for the submitters' ready
-//! events; the collective is enqueued (fused allreduces through the
-//! persistent [`DeviceFusionBuffer`]: pack, one allreduce, unpack); a done
-//! event is recorded; and the response's [`Work`](kolo_nccl::Work)
-//! completes every tensor's handle and releases the caller's memory.
+//! events; the collective is enqueued on the tensors' addresses (fused
+//! allreduces through the persistent [`DeviceFusionBuffer`]: pack, one
+//! allreduce, unpack); and the [`Work`](kolo_nccl::Work) of the last
+//! enqueued call (or a flush) completes every tensor's handle and releases
+//! the caller's memory once the GPU is done.
 
-use super::collectives::Outputs;
+use super::collectives::Enqueued;
+use super::ready::ReadyEvent;
 use super::tensor::{DeviceArgs, DeviceDone};
 use crate::device::DevicePlane;
 use crate::error::Error;
 use crate::handle::{Completion, Payload};
 use crate::table::Entry;
-use cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-use cudarc::driver::CudaEvent;
+use cudarc::driver::CudaStream;
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
 use kolo_protocol::{RequestKind, Response};
 use kolo_timeline::Timeline;
@@ -95,14 +96,15 @@ impl NcclPlane {
             ))),
         });
         match enqueued {
-            Ok(outputs) => self.settle(response, parts, outputs, timeline),
+            Ok(enqueued) => self.settle(response, parts, enqueued, timeline),
             Err(e) => self.fail(parts, &e, response, timeline),
         }
     }
 
-    /// The stream waits, on the GPU, for every submitter's ready event.
+    /// The stream waits, on the GPU, for every submitter's ready event
+    /// (once per event: a submission shares one per stream).
     fn wait_ready<T>(&self, parts: &[Part<T>]) -> Result<(), NcclError> {
-        let mut waited: Vec<*const CudaEvent> = Vec::new();
+        let mut waited: Vec<*const ReadyEvent> = Vec::new();
         for ready in parts
             .iter()
             .filter_map(|p| p.args.as_ref())
@@ -110,36 +112,29 @@ impl NcclPlane {
         {
             let event = Arc::as_ptr(ready);
             if !waited.contains(&event) {
-                self.comm.wait_event(ready)?;
+                self.comm.wait_event(ready.get())?;
                 waited.push(event);
             }
         }
         Ok(())
     }
 
-    /// Records the done event and completes every tensor with the work of
-    /// this response (and everything before it on the stream).
+    /// Completes every tensor with the work of this response (and
+    /// everything before it on the stream): the last enqueued call's, or a
+    /// flush when something followed it.
     fn settle<T: DeviceElement>(
         &mut self,
         response: &Response,
         parts: Vec<Part<T>>,
-        outputs: Outputs,
+        enqueued: Enqueued,
         timeline: &Timeline,
     ) {
-        let done = self
-            .comm
-            .stream()
-            .record_event(Some(CU_EVENT_DISABLE_TIMING))
-            .map_err(|e| NcclError::Cuda {
-                call: "cuEventRecord",
-                message: format!("{e:?}"),
-            });
-        let work = done.and_then(|done| Ok((Arc::new(done), self.comm.flush()?)));
-        let (done, work) = match work {
-            Ok(ready) => ready,
+        let work = match enqueued.last.map_or_else(|| self.comm.flush(), Ok) {
+            Ok(work) => work,
             Err(e) => return self.fail(parts, &e, response, timeline),
         };
-        let mut outputs = outputs.into_iter();
+        let stream = Arc::clone(self.comm.stream());
+        let mut outputs = enqueued.outputs.into_iter();
         let mut finished = Vec::with_capacity(parts.len());
         for part in parts {
             let output = outputs.next().flatten();
@@ -148,15 +143,15 @@ impl NcclPlane {
             finished.push((part, output.map(|(buf, _)| buf)));
         }
         work.on_complete(move |outcome| {
-            for (part, output) in finished {
+            for (mut part, output) in finished {
+                if outcome.is_err() {
+                    part.fence(&stream);
+                }
                 let Some(completion) = &part.completion else {
                     continue;
                 };
                 let result = match &outcome {
-                    Ok(()) => Ok(Box::new(DeviceDone {
-                        done: Arc::clone(&done),
-                        output,
-                    }) as Payload),
+                    Ok(()) => Ok(Box::new(DeviceDone { output }) as Payload),
                     Err(e) => Err(collective(&part.name, e)),
                 };
                 completion.complete(result);
@@ -181,11 +176,30 @@ impl NcclPlane {
                 completion.complete(Err(collective(&part.name, error)));
             }
         }
+        let stream = Arc::clone(self.comm.stream());
         match self.comm.flush() {
-            Ok(work) => work.on_complete(move |_| drop(parts)),
-            Err(_) => drop(parts),
+            Ok(work) => work.on_complete(move |outcome| release(parts, &stream, outcome.is_err())),
+            Err(_) => release(parts, &stream, true),
         }
     }
+}
+
+impl<T> Part<T> {
+    /// See [`DeviceArgs::fence`].
+    fn fence(&mut self, stream: &CudaStream) {
+        if let Some(args) = &mut self.args {
+            args.fence(stream);
+        }
+    }
+}
+
+/// Gives the caller's memory back; after a failure (`fence`), with the
+/// buffers' cudarc events recorded behind whatever may still run.
+fn release<T>(mut parts: Vec<Part<T>>, stream: &CudaStream, fence: bool) {
+    if fence {
+        parts.iter_mut().for_each(|p| p.fence(stream));
+    }
+    drop(parts);
 }
 
 impl DevicePlane for NcclPlane {

@@ -17,8 +17,8 @@ use crate::handle::{Handle, Payload};
 use crate::ops::ReduceOptions;
 use crate::split::split_rows;
 use crate::tensor::{shape_problem, wire_shape};
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
-use kolo_nccl::DeviceElement;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
+use kolo_nccl::{DeviceElement, Untracked};
 use kolo_protocol::{Device, Request, RequestKind};
 use std::any::Any;
 use std::marker::PhantomData;
@@ -47,7 +47,8 @@ impl std::fmt::Debug for DeviceScope<'_, '_> {
 struct Item<T: 'static> {
     request: Request,
     args: DeviceArgs<T>,
-    caller: Arc<CudaStream>,
+    /// The streams of its buffers (output first).
+    streams: Vec<Arc<CudaStream>>,
 }
 
 impl Kolo {
@@ -155,9 +156,11 @@ impl Kolo {
 }
 
 impl<'scope> DeviceScope<'scope, '_> {
-    /// Submits an in-place allreduce of the device tensor `buf`. Once the
-    /// handle's `wait` returns, the result is in `buf` and the caller's
-    /// stream (`buf`'s) waits on the GPU for the engine's writes.
+    /// Submits an in-place allreduce of the device tensor `buf`. The
+    /// engine's work follows everything enqueued on `buf`'s stream before
+    /// the call (and `buf`'s earlier uses as cudarc tracks them). The
+    /// handle completes once the GPU has written the result into `buf`,
+    /// so any stream may use it after `wait` returns.
     pub fn allreduce_async<T: DeviceElement>(
         &'scope self,
         name: &str,
@@ -175,14 +178,13 @@ impl<'scope> DeviceScope<'scope, '_> {
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'scope, ()>, Error> {
         let options = options.into();
-        let mut ready = ReadyEvents::default();
         let mut items = Vec::new();
         for (name, tensor) in tensors {
             check_shape(name, &tensor.shape, tensor.view.len())?;
             let stream = tensor.view.stream();
             let request =
                 self.request::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
-            items.push(self.item(request, None, Some(tensor.view), &mut ready)?);
+            items.push(self.item(request, None, Some(tensor.view))?);
         }
         self.submit(items, |_| Ok(()))
     }
@@ -227,8 +229,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 .kolo
                 .request(name, kind, T::DTYPE, wire_shape(&input.shape))
         };
-        let mut ready = ReadyEvents::default();
-        let item = self.item(request, Some(input.view), None, &mut ready)?;
+        let item = self.item(request, Some(input.view), None)?;
         let tensor = name.to_owned();
         self.submit(vec![item], move |mut outputs| {
             outputs
@@ -264,8 +265,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 ReduceOptions::default(),
             )?
         };
-        let mut ready = ReadyEvents::default();
-        let item = self.item(request, None, Some(buf.view), &mut ready)?;
+        let item = self.item(request, None, Some(buf.view))?;
         self.submit(vec![item], |_| Ok(()))
     }
 
@@ -305,8 +305,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             output.view.stream(),
             options,
         )?;
-        let mut ready = ReadyEvents::default();
-        let item = self.item(request, Some(input.view), Some(output.view), &mut ready)?;
+        let item = self.item(request, Some(input.view), Some(output.view))?;
         self.submit(vec![item], |_| Ok(()))
     }
 
@@ -348,14 +347,15 @@ impl<'scope> DeviceScope<'scope, '_> {
         }
     }
 
-    /// One tensor's engine arguments: records (or reuses) the ready event
-    /// on the caller's stream and takes a lease on the memory.
+    /// One tensor's engine arguments: its addresses, each buffer's stream
+    /// made to wait (on the GPU) for the buffer's earlier uses as cudarc
+    /// tracks them, and a lease on the memory. The ready events come in
+    /// [`DeviceScope::submit`], after every tensor's waits.
     fn item<T: DeviceElement>(
         &self,
         request: Request,
         input: Option<CudaView<'scope, T>>,
-        output: Option<CudaViewMut<'scope, T>>,
-        ready: &mut ReadyEvents,
+        mut output: Option<CudaViewMut<'scope, T>>,
     ) -> Result<Item<T>, Error> {
         let streams: Vec<Arc<CudaStream>> = output
             .as_ref()
@@ -363,21 +363,30 @@ impl<'scope> DeviceScope<'scope, '_> {
             .into_iter()
             .chain(input.as_ref().map(|v| Arc::clone(v.stream())))
             .collect();
-        let caller = streams
-            .first()
-            .cloned()
-            .ok_or_else(|| internal(&request.tensor_name, "a device op without a buffer"))?;
-        // The engine waits for every stream the tensor's buffers belong to.
-        let mut events = Vec::with_capacity(streams.len());
-        for stream in &streams {
-            let event = ready.on(stream).map_err(|e| Error::Collective {
-                tensor: request.tensor_name.clone(),
-                message: format!("recording the ready event on the caller's stream: {e:?}"),
-            })?;
-            if !events.iter().any(|e| Arc::ptr_eq(e, &event)) {
-                events.push(event);
-            }
+        if streams.is_empty() {
+            return Err(internal(
+                &request.tensor_name,
+                "a device op without a buffer",
+            ));
         }
+        // SAFETY: the memory stays borrowed for 'scope, and the engine uses
+        // these addresses only until it drops the `DeviceArgs` below, which
+        // releases the lease taken here; `Kolo::device_scope` does not
+        // return before every lease of the scope is released — after the
+        // GPU work completed, or, on failure, after the views' events were
+        // recorded behind it (`DeviceArgs::fence`). The engine's stream
+        // waits for the ready event recorded on each buffer's stream after
+        // these waits, so the work follows the buffers' earlier uses; the
+        // borrow keeps the caller from using them meanwhile.
+        let (read, write) = unsafe {
+            (
+                input.as_ref().map(|v| Untracked::read_after(v, v.stream())),
+                output.as_mut().map(|v| {
+                    let stream = Arc::clone(v.stream());
+                    Untracked::write_after(v, &stream)
+                }),
+            )
+        };
         // SAFETY: only the lifetime changes. The views are used by the
         // engine until it drops these `DeviceArgs`, which releases the
         // lease taken here; `Kolo::device_scope` does not return before
@@ -397,48 +406,48 @@ impl<'scope> DeviceScope<'scope, '_> {
             args: DeviceArgs {
                 input,
                 output,
-                ready: events,
+                read,
+                write,
+                ready: Vec::new(),
                 _lease: self.leases.lease(),
             },
-            caller,
+            streams,
         })
     }
 
-    /// Submits `items` together; the handle makes each caller's stream wait
-    /// for the engine's done event and turns the engine's outputs (in the
-    /// order of `items`) into the result with `finish`.
+    /// Submits `items` together, after recording one ready event on each
+    /// of their streams (the waits of every item come first, so one event
+    /// per stream covers them all); the handle turns the engine's outputs
+    /// (in the order of `items`) into the result with `finish`.
     fn submit<T: DeviceElement, O>(
         &self,
         items: Vec<Item<T>>,
         finish: impl FnOnce(Vec<Option<Box<dyn Any + Send>>>) -> Result<O, Error> + Send + 'scope,
     ) -> Result<Handle<'scope, O>, Error> {
-        let mut callers = Vec::with_capacity(items.len());
+        let mut ready = ReadyEvents::default();
+        let mut names = Vec::with_capacity(items.len());
         let mut submitted: Vec<(Request, Payload)> = Vec::with_capacity(items.len());
-        for item in items {
-            callers.push((item.request.tensor_name.clone(), item.caller));
+        for mut item in items {
+            for stream in &item.streams {
+                let event = ready.on(stream).map_err(|e| Error::Collective {
+                    tensor: item.request.tensor_name.clone(),
+                    message: format!("recording the ready event on the caller's stream: {e:?}"),
+                })?;
+                if !item.args.ready.iter().any(|e| Arc::ptr_eq(e, &event)) {
+                    item.args.ready.push(event);
+                }
+            }
+            names.push(item.request.tensor_name.clone());
             submitted.push((item.request, Box::new(item.args)));
         }
         let completions = self.kolo.submit_all(submitted)?;
-        let parts = callers
-            .iter()
-            .map(|(name, _)| name.clone())
-            .zip(completions)
-            .collect();
+        let parts = names.iter().cloned().zip(completions).collect();
         Ok(Handle::new(parts, move |payloads| {
-            let mut last: Option<(*const CudaStream, *const CudaEvent)> = None;
             let mut outputs = Vec::with_capacity(payloads.len());
-            for ((tensor, caller), payload) in callers.iter().zip(payloads) {
+            for (tensor, payload) in names.iter().zip(payloads) {
                 let done = payload
                     .downcast::<DeviceDone>()
                     .map_err(|_| internal(tensor, "the engine returned a host result"))?;
-                let pair = (Arc::as_ptr(caller), Arc::as_ptr(&done.done));
-                if last != Some(pair) {
-                    caller.wait(&done.done).map_err(|e| Error::Collective {
-                        tensor: tensor.clone(),
-                        message: format!("the caller's stream cannot wait for the result: {e:?}"),
-                    })?;
-                    last = Some(pair);
-                }
                 outputs.push(done.output);
             }
             finish(outputs)

@@ -4,8 +4,9 @@
 
 use crate::checks::{caller_stream, upload};
 use crate::Report;
-use kolo::nccl::cudarc::driver::CudaSlice;
+use kolo::nccl::cudarc::driver::{CudaSlice, CudaStream};
 use kolo::{Kolo, ReduceOp};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Median of `iters` runs of `f` after `warmup` runs.
@@ -27,26 +28,65 @@ fn median(
     Ok(times[times.len() / 2])
 }
 
-pub fn run(kolo: &Kolo, report: &mut Report) {
-    report.check("bench", bench(kolo));
+/// `mode` names how the ranks run (thread or process per GPU).
+pub fn run(kolo: &Kolo, report: &mut Report, mode: &str) {
+    report.check("bench", bench(kolo, mode));
 }
 
-fn bench(kolo: &Kolo) -> Result<(), String> {
-    let s = caller_stream(kolo)?;
-    let elems = (16 << 10) / 4;
-    let mut grads: Vec<CudaSlice<f32>> = (0..1000)
-        .map(|_| upload(&s, &vec![1.0f32; elems]))
-        .collect::<Result<_, _>>()?;
-    let names: Vec<String> = (0..1000).map(|t| format!("bench/grad.{t}")).collect();
-    let step = median(3, 10, || {
+/// `count` gradients of `elems` ones on `s`, allocated with cudarc's event
+/// tracking off (`untracked`: the caller orders its streams, as PyTorch's
+/// users do) or on.
+fn gradients(
+    s: &Arc<CudaStream>,
+    count: usize,
+    elems: usize,
+    untracked: bool,
+) -> Result<Vec<CudaSlice<f32>>, String> {
+    let ctx = s.context();
+    let was = ctx.is_event_tracking();
+    if untracked {
+        // SAFETY: only the buffers allocated below lose their events; they
+        // are used on `s` and by the engine, which orders its work after
+        // `s` (the ready event), and tracking comes back right after.
+        unsafe { ctx.disable_event_tracking() };
+    }
+    let grads = (0..count)
+        .map(|_| upload(s, &vec![1.0f32; elems]))
+        .collect::<Result<_, _>>();
+    if untracked && was {
+        // SAFETY: restores the setting found above.
+        unsafe { ctx.enable_event_tracking() };
+    }
+    grads
+}
+
+/// Median time of a grouped device allreduce of `grads` named `names`.
+fn grouped_step(
+    kolo: &Kolo,
+    names: &[String],
+    grads: &mut [CudaSlice<f32>],
+    op: ReduceOp,
+) -> Result<Duration, String> {
+    median(3, 10, || {
         let mut group: Vec<(&str, &mut CudaSlice<f32>)> = names
             .iter()
             .map(String::as_str)
             .zip(grads.iter_mut())
             .collect();
-        kolo.grouped_allreduce_device(&mut group, ReduceOp::Average)
+        kolo.grouped_allreduce_device(&mut group, op)
             .map_err(|e| e.to_string())
-    })?;
+    })
+}
+
+fn bench(kolo: &Kolo, mode: &str) -> Result<(), String> {
+    let s = caller_stream(kolo)?;
+    let elems = (16 << 10) / 4;
+    let names: Vec<String> = (0..1000).map(|t| format!("bench/grad.{t}")).collect();
+    let mut grads = gradients(&s, 1000, elems, false)?;
+    let step = grouped_step(kolo, &names, &mut grads, ReduceOp::Average)?;
+    drop(grads);
+    let mut grads = gradients(&s, 1000, elems, true)?;
+    let step_untracked = grouped_step(kolo, &names, &mut grads, ReduceOp::Average)?;
     let mut big = upload(&s, &vec![1.0f32; 1000 * elems])?;
     let single = median(3, 10, || {
         kolo.allreduce_device("bench/16MiB", &mut big, ReduceOp::Average)
@@ -54,18 +94,8 @@ fn bench(kolo: &Kolo) -> Result<(), String> {
     })?;
     // The engine's per-tensor cost: 1,000 one-element tensors, on the
     // device and on the host (negotiation, table and handles alone).
-    let mut tiny: Vec<CudaSlice<f32>> = (0..1000)
-        .map(|_| upload(&s, &[1.0f32]))
-        .collect::<Result<_, _>>()?;
-    let tiny_device = median(3, 10, || {
-        let mut group: Vec<(&str, &mut CudaSlice<f32>)> = names
-            .iter()
-            .map(String::as_str)
-            .zip(tiny.iter_mut())
-            .collect();
-        kolo.grouped_allreduce_device(&mut group, ReduceOp::Sum)
-            .map_err(|e| e.to_string())
-    })?;
+    let mut tiny = gradients(&s, 1000, 1, false)?;
+    let tiny_device = grouped_step(kolo, &names, &mut tiny, ReduceOp::Sum)?;
     let mut host: Vec<Vec<f32>> = vec![vec![1.0f32]; 1000];
     let host_names: Vec<String> = (0..1000).map(|t| format!("bench/host.{t}")).collect();
     let tiny_host = median(3, 10, || {
@@ -83,20 +113,19 @@ fn bench(kolo: &Kolo) -> Result<(), String> {
             .map_err(|e| e.to_string())
     })?;
     if kolo.rank() == 0 {
+        let n = kolo.size();
         println!(
-            "engine-step: [{} GPU(s)] 1000 x 16 KiB device gradients fused through the engine {:.3} ms; one 16 MiB allreduce through the engine {:.3} ms",
-            kolo.size(),
+            "engine-step: [{n} GPU(s), {mode}] 1000 x 16 KiB device gradients fused through the engine {:.3} ms (allocated without event tracking: {:.3} ms); one 16 MiB allreduce through the engine {:.3} ms",
             step.as_secs_f64() * 1e3,
+            step_untracked.as_secs_f64() * 1e3,
             single.as_secs_f64() * 1e3
         );
         println!(
-            "engine-small: [{} GPU(s)] 8 B device allreduce through the engine, median {:.1} us (call to completion)",
-            kolo.size(),
+            "engine-small: [{n} GPU(s), {mode}] 8 B device allreduce through the engine, median {:.1} us (call to completion)",
             latency.as_secs_f64() * 1e6
         );
         println!(
-            "engine-overhead: [{} GPU(s)] 1000 x 4 B grouped allreduce through the engine: device {:.3} ms, host {:.3} ms",
-            kolo.size(),
+            "engine-overhead: [{n} GPU(s), {mode}] 1000 x 4 B grouped allreduce through the engine: device {:.3} ms, host {:.3} ms",
             tiny_device.as_secs_f64() * 1e3,
             tiny_host.as_secs_f64() * 1e3
         );

@@ -9,6 +9,10 @@
 //! `--bench` also prints `engine-step:` (1,000 x 16 KiB device gradients
 //! fused through the engine vs one 16 MiB allreduce) and `engine-small:`
 //! (8-byte allreduce latency through the engine).
+//!
+//! Built with the `mpi` feature too and started under `mpirun` (one
+//! process per GPU), it runs the same checks on `Kolo::init_nccl_mpi`
+//! instead: `mpirun -np 2 gpu_engine [--bench]`.
 
 mod bench;
 mod checks;
@@ -43,6 +47,11 @@ impl Report {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    #[cfg(feature = "mpi")]
+    if kolo_mpi::launcher::under_mpirun() {
+        let bench = args.iter().any(|a| a == "--bench");
+        std::process::exit(i32::from(!run_mpi(bench)));
+    }
     let gpus = match kolo_nccl::probe::platform() {
         Ok(p) if p.devices > 0 => p.devices,
         Ok(_) => {
@@ -78,33 +87,87 @@ fn main() {
     println!("gpu_engine: all checks passed");
 }
 
-/// Every check on `n` GPUs, one engine per GPU.
-fn run_engine(n: usize, bench: bool) -> bool {
-    println!("== GPU engine, {n} GPU(s) ==");
-    let dir = match tempfile::tempdir() {
-        Ok(dir) => dir,
-        Err(e) => {
-            println!("FAIL temporary directory: {e}");
-            return false;
-        }
-    };
-    let timeline = dir.path().join("timeline.json");
-    let config = Config::default().timeline(&timeline);
-    let options = NcclOptions {
+/// The communicators' bounds: a hang fails a check, it does not stall
+/// the run.
+fn options() -> NcclOptions {
+    NcclOptions {
         op_timeout: Duration::from_secs(60),
         teardown_timeout: Duration::from_secs(30),
         ..NcclOptions::default()
+    }
+}
+
+/// The checks (and the bench) of one rank.
+fn rank_checks(kolo: &Kolo, bench: bool, mode: &str) -> Report {
+    let mut report = Report {
+        rank: kolo.rank(),
+        ..Report::default()
     };
-    let results = kolo::nccl::run_with(n, config, options, |kolo: &Kolo| {
-        let mut report = Report {
-            rank: kolo.rank(),
-            ..Report::default()
-        };
-        checks::run_all(kolo, &mut report);
-        if bench {
-            bench::run(kolo, &mut report);
+    checks::run_all(kolo, &mut report);
+    if bench {
+        bench::run(kolo, &mut report, mode);
+    }
+    report
+}
+
+/// A temporary directory for the timeline, or why not.
+fn timeline_dir() -> Option<tempfile::TempDir> {
+    match tempfile::tempdir() {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            println!("FAIL temporary directory: {e}");
+            None
         }
-        Ok(report)
+    }
+}
+
+/// This process's rank of an `mpirun` job: every check on
+/// `Kolo::init_nccl_mpi` (the GPU of its local rank), then the timeline on
+/// rank 0 once the engine has stopped.
+#[cfg(feature = "mpi")]
+fn run_mpi(bench: bool) -> bool {
+    let Some(dir) = timeline_dir() else {
+        return false;
+    };
+    let timeline = dir.path().join("timeline.json");
+    let config = Config::default().timeline(&timeline);
+    let kolo = match Kolo::init_nccl_mpi_with(config, options()) {
+        Ok(kolo) => kolo,
+        Err(e) => {
+            println!("FAIL Kolo::init_nccl_mpi: {e}");
+            return false;
+        }
+    };
+    if kolo.rank() == 0 {
+        println!("== GPU engine under mpirun, {} process(es) ==", kolo.size());
+    }
+    let mut report = rank_checks(&kolo, bench, "process per GPU");
+    let rank = report.rank;
+    if let Err(e) = kolo.shutdown() {
+        report.check("shutdown", Err(e.to_string()));
+    }
+    drop(kolo);
+    if rank == 0 {
+        report.check("timeline", checks::timeline(&timeline));
+    }
+    println!(
+        "rank {rank}: {} passed, {} failed",
+        report.passed,
+        report.failed.len()
+    );
+    report.failed.is_empty()
+}
+
+/// Every check on `n` GPUs, one engine per GPU.
+fn run_engine(n: usize, bench: bool) -> bool {
+    println!("== GPU engine, {n} GPU(s) ==");
+    let Some(dir) = timeline_dir() else {
+        return false;
+    };
+    let timeline = dir.path().join("timeline.json");
+    let config = Config::default().timeline(&timeline);
+    let results = kolo::nccl::run_with(n, config, options(), |kolo: &Kolo| {
+        Ok(rank_checks(kolo, bench, "thread per GPU"))
     });
     let mut ok = match results {
         Ok(reports) => {

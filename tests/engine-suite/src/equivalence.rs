@@ -147,11 +147,23 @@ pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
         step()?;
     }
     let after = kolo.stats();
+    // Every rank's count of gathered cycles during its warm steps. Gathers
+    // are collective, so one during the warm steps proper is counted by
+    // every rank; but a rank that finishes first may already submit the
+    // next case's (uncached) tensors while a slower rank still waits for
+    // its last handles, and that rank counts the gather too. The first rank
+    // to finish is never disturbed so: the fast path held if some rank
+    // counted none.
+    let gathered = kolo.allgather(
+        "warm/gathered",
+        &[(after.gathered_cycles - warm.gathered_cycles) as i64],
+    )?;
     let capacity = kolo.config().cache_capacity;
     if capacity >= 4 * TENSORS {
         assert_eq!(
-            after.gathered_cycles, warm.gathered_cycles,
-            "warm steps gathered request lists: {warm:?} -> {after:?}"
+            gathered.iter().min(),
+            Some(&0),
+            "warm steps gathered request lists on every rank ({gathered:?}): {warm:?} -> {after:?}"
         );
         assert_eq!(
             after.cache_hits - warm.cache_hits,

@@ -24,6 +24,7 @@ const MAIN: &[Case] = &[
         ops::handles_wait_poll_and_await,
     ),
     Case::new("several_user_threads", ops::several_user_threads),
+    Case::new("scoped_allreduces", ops::scoped_allreduces),
     Case::new("mismatch_matrix", mismatch::the_mismatch_matrix),
     Case::new(
         "name_in_flight_rejected",

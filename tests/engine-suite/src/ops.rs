@@ -256,3 +256,43 @@ pub fn handles_wait_poll_and_await(kolo: &Kolo) -> Result<Digest, Error> {
     assert_eq!(d, vec![n; 4]);
     Ok(None)
 }
+
+/// Zero-copy allreduces in a `Kolo::scope`: async and grouped handles,
+/// one handle forgotten, mixed with a copying async allreduce; every
+/// result is in the caller's buffers once the scope returned.
+pub fn scoped_allreduces(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
+    let mut a = vec![r + 1; 1000];
+    let mut b = vec![(r + 1) as f32; 3];
+    let mut b2 = [r as f32; 4];
+    let mut c = vec![r as u8; 17];
+    let mut d = vec![r as i32; 1 << 17];
+    let mut copied = vec![r as i16; 9];
+    let forgotten = kolo.scope(|s| {
+        let copying = kolo.allreduce_async("scoped/copied", &mut copied, ReduceOp::Max)?;
+        let ha = s.allreduce_async("scoped/a", &mut a, ReduceOp::Sum)?;
+        let group = s.grouped_allreduce_async(
+            [
+                ("scoped/b", TensorMut::from(&mut b[..])),
+                ("scoped/b2", TensorMut::with_shape(&mut b2[..], [2, 2])),
+            ],
+            ReduceOp::Sum,
+        );
+        let group = group?;
+        let hc = s.allreduce_async("scoped/c", &mut c, ReduceOp::Max)?;
+        std::mem::forget(s.allreduce_async("scoped/d", &mut d, ReduceOp::Sum)?);
+        copying.wait()?;
+        group.wait()?;
+        hc.wait()?;
+        ha.wait()?;
+        Ok::<_, Error>(true)
+    })?;
+    assert!(forgotten);
+    assert_eq!(a, vec![n * (n + 1) / 2; 1000]);
+    assert_eq!(b, vec![(n * (n + 1) / 2) as f32; 3]);
+    assert_eq!(b2, [(n * (n - 1) / 2) as f32; 4]);
+    assert_eq!(c, vec![n as u8 - 1; 17]);
+    assert!(d.iter().all(|&v| i64::from(v) == n * (n - 1) / 2));
+    assert_eq!(copied, vec![n as i16 - 1; 9]);
+    Ok(None)
+}

@@ -21,6 +21,10 @@ use kolo_transport::{with_element_type, Backend, Element};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long the background thread polls for new work, yielding the CPU,
+/// before it sleeps on the channel.
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
 /// What user threads tell the background thread.
 pub(crate) enum Command {
     /// New requests are queued in the tensor table.
@@ -184,8 +188,10 @@ impl<B: Backend> Engine<B> {
         };
         let first = if self.shutdown_requested {
             None
+        } else if let Some(command) = self.poll_commands(wait) {
+            Some(command)
         } else {
-            match self.commands.recv_timeout(wait) {
+            match self.commands.recv_timeout(wait.saturating_sub(POLL_BEFORE_SLEEP)) {
                 Ok(command) => Some(command),
                 Err(RecvTimeoutError::Timeout) => None,
                 // `Kolo` is gone without a shutdown request: treat it as one.
@@ -206,6 +212,27 @@ impl<B: Backend> Engine<B> {
         // After the commands: a submitter queues before it sends its wake.
         let requests = self.shared.table.lock().take_queued();
         (requests, abort)
+    }
+
+    /// Polls the channel, yielding the CPU, for up to [`POLL_BEFORE_SLEEP`]
+    /// (at most `wait`): a rank that submits its next tensor right after
+    /// the last completed (a training step's next gradient, a latency
+    /// loop) then reaches an engine that is still awake, instead of paying
+    /// a futex wake-up and a context switch.
+    fn poll_commands(&self, wait: Duration) -> Option<Command> {
+        let budget = wait.min(POLL_BEFORE_SLEEP);
+        let start = Instant::now();
+        loop {
+            match self.commands.try_recv() {
+                Ok(command) => return Some(command),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+            }
+            if start.elapsed() >= budget {
+                return None;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Counts the cycle and writes its negotiation to the timeline.

@@ -191,7 +191,10 @@ impl<B: Backend> Engine<B> {
         } else if let Some(command) = self.poll_commands(wait) {
             Some(command)
         } else {
-            match self.commands.recv_timeout(wait.saturating_sub(POLL_BEFORE_SLEEP)) {
+            match self
+                .commands
+                .recv_timeout(wait.saturating_sub(POLL_BEFORE_SLEEP))
+            {
                 Ok(command) => Some(command),
                 Err(RecvTimeoutError::Timeout) => None,
                 // `Kolo` is gone without a shutdown request: treat it as one.

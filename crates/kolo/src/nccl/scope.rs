@@ -9,11 +9,12 @@
 //! whatever became of the handles.
 
 use super::tensor::{
-    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, Leases, ReadyEvents,
+    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, ReadyEvents,
 };
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::{Handle, Payload};
+use crate::lease::Leases;
 use crate::ops::ReduceOptions;
 use crate::split::split_rows;
 use crate::tensor::{shape_problem, wire_shape};

@@ -5,9 +5,9 @@
 //! scope when the engine is done with the memory).
 
 use super::ready::ReadyEvent;
+use crate::lease::Lease;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
-use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -151,49 +151,6 @@ pub(crate) struct DeviceDone {
     pub output: Option<Box<dyn Any + Send>>,
 }
 
-/// Counts the tensors of a scope the engine still refers to.
-#[derive(Default)]
-pub(crate) struct Leases {
-    out: Mutex<usize>,
-    returned: Condvar,
-}
-
-impl Leases {
-    /// A new lease on one tensor.
-    pub(crate) fn lease(self: &Arc<Self>) -> Lease {
-        *self.out.lock() += 1;
-        Lease {
-            leases: Arc::clone(self),
-        }
-    }
-
-    /// Blocks until every lease is released. Terminates: a lease is
-    /// released when its entry is dropped — performed (after the device
-    /// work completed or failed, which kolo-nccl bounds by its operation
-    /// timeout), failed, or drained when the engine stops.
-    pub(crate) fn wait_all(&self) {
-        let mut out = self.out.lock();
-        while *out > 0 {
-            self.returned.wait(&mut out);
-        }
-    }
-}
-
-/// One tensor's claim on the caller's memory; released on drop.
-pub(crate) struct Lease {
-    leases: Arc<Leases>,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let mut out = self.leases.out.lock();
-        *out = out.saturating_sub(1);
-        if *out == 0 {
-            self.leases.returned.notify_all();
-        }
-    }
-}
-
 /// The ready event of a stream, recorded once per submission and shared by
 /// the tensors on that stream.
 #[derive(Default)]
@@ -214,25 +171,5 @@ impl ReadyEvents {
         let event = Arc::new(ReadyEvent::record(stream)?);
         self.recorded.push((Arc::clone(stream), Arc::clone(&event)));
         Ok(event)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn leases_are_waited_for() {
-        let leases = Arc::new(Leases::default());
-        leases.wait_all();
-        let (a, b) = (leases.lease(), leases.lease());
-        let waiter = {
-            let leases = Arc::clone(&leases);
-            std::thread::spawn(move || leases.wait_all())
-        };
-        drop(a);
-        drop(b);
-        waiter.join().unwrap();
-        assert_eq!(*leases.out.lock(), 0);
     }
 }

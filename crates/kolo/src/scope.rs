@@ -14,13 +14,11 @@
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::{Completion, Handle, Payload};
-use crate::lease::{Lease, Leases};
+use crate::lease::{Lease, ScopeCore};
 use crate::ops::ReduceOptions;
 use crate::tensor::{shape_problem, TensorMut};
 use kolo_protocol::{Request, RequestKind};
 use kolo_transport::Element;
-use std::marker::PhantomData;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -28,17 +26,12 @@ use std::sync::Arc;
 /// [`Kolo::scope`]): tensors borrowed for `'scope` may be submitted, and
 /// the scope does not end before the engine is done with all of them.
 pub struct Scope<'scope, 'env: 'scope> {
-    kolo: &'env Kolo,
-    leases: Arc<Leases>,
-    _scope: PhantomData<&'scope mut &'scope ()>,
-    _env: PhantomData<&'env mut &'env ()>,
+    core: ScopeCore<'scope, 'env>,
 }
 
 impl std::fmt::Debug for Scope<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scope")
-            .field("rank", &self.kolo.rank())
-            .finish()
+        self.core.debug("Scope", f)
     }
 }
 
@@ -111,14 +104,9 @@ impl Kolo {
         f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
     ) -> R {
         let scope = Scope {
-            kolo: self,
-            leases: Arc::new(Leases::default()),
-            _scope: PhantomData,
-            _env: PhantomData,
+            core: ScopeCore::new(self),
         };
-        let outcome = catch_unwind(AssertUnwindSafe(|| f(&scope)));
-        scope.leases.wait_all();
-        outcome.unwrap_or_else(|panic| resume_unwind(panic))
+        ScopeCore::run(Arc::clone(&scope.core.leases), || f(&scope))
     }
 }
 
@@ -154,21 +142,25 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            let request =
-                self.kolo
-                    .reduce_request(name, RequestKind::Allreduce, &shape, T::DTYPE, options);
+            let request = self.core.kolo.reduce_request(
+                name,
+                RequestKind::Allreduce,
+                &shape,
+                T::DTYPE,
+                options,
+            );
             let completion = Completion::new();
             let view: HostView<T> = HostView {
                 len: data.len(),
                 ptr: NonNull::from(data).cast(),
                 completion: Arc::clone(&completion),
-                rank: self.kolo.rank(),
-                _lease: self.leases.lease(),
+                rank: self.core.kolo.rank(),
+                _lease: self.core.leases.lease(),
             };
             items.push((request, Box::new(view), completion));
         }
         let names: Vec<String> = items.iter().map(|(r, ..)| r.tensor_name.clone()).collect();
-        let completions = self.kolo.submit_with(items)?;
+        let completions = self.core.kolo.submit_with(items)?;
         Ok(Handle::new(
             names.into_iter().zip(completions).collect(),
             |_| Ok(()),

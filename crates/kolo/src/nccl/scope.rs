@@ -14,7 +14,7 @@ use super::tensor::{
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::{Handle, Payload};
-use crate::lease::Leases;
+use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
 use crate::split::split_rows;
 use crate::tensor::{shape_problem, wire_shape};
@@ -22,25 +22,18 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
 use kolo_nccl::{DeviceElement, Untracked};
 use kolo_protocol::{Device, Request, RequestKind};
 use std::any::Any;
-use std::marker::PhantomData;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 /// A scope for asynchronous device collectives (see
 /// [`Kolo::device_scope`]): tensors borrowed for `'scope` may be submitted,
 /// and the scope does not end before the engine is done with all of them.
 pub struct DeviceScope<'scope, 'env: 'scope> {
-    kolo: &'env Kolo,
-    leases: Arc<Leases>,
-    _scope: PhantomData<&'scope mut &'scope ()>,
-    _env: PhantomData<&'env mut &'env ()>,
+    core: ScopeCore<'scope, 'env>,
 }
 
 impl std::fmt::Debug for DeviceScope<'_, '_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceScope")
-            .field("rank", &self.kolo.rank())
-            .finish()
+        self.core.debug("DeviceScope", f)
     }
 }
 
@@ -65,14 +58,9 @@ impl Kolo {
         f: impl for<'scope> FnOnce(&'scope DeviceScope<'scope, 'env>) -> R,
     ) -> R {
         let scope = DeviceScope {
-            kolo: self,
-            leases: Arc::new(Leases::default()),
-            _scope: PhantomData,
-            _env: PhantomData,
+            core: ScopeCore::new(self),
         };
-        let outcome = catch_unwind(AssertUnwindSafe(|| f(&scope)));
-        scope.leases.wait_all();
-        outcome.unwrap_or_else(|panic| resume_unwind(panic))
+        ScopeCore::run(Arc::clone(&scope.core.leases), || f(&scope))
     }
 
     /// Reduces the device tensor `buf` across all ranks, in place
@@ -227,6 +215,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             device: self.device_of(name, input.view.stream())?,
             splits: splits.iter().map(|&s| s as u64).collect(),
             ..self
+                .core
                 .kolo
                 .request(name, kind, T::DTYPE, wire_shape(&input.shape))
         };
@@ -284,7 +273,7 @@ impl<'scope> DeviceScope<'scope, '_> {
         check_shape(name, &input.shape, input.view.len())?;
         if let Some((&rows, rest)) = input.shape.split_first() {
             let row: usize = rest.iter().product();
-            let (rank, size) = (self.kolo.rank(), self.kolo.size());
+            let (rank, size) = (self.core.kolo.rank(), self.core.kolo.size());
             let mine = split_rows(rows, size).get(rank).copied().unwrap_or(0) * row;
             if output.view.len() != mine {
                 return Err(Error::InvalidArgument {
@@ -325,20 +314,23 @@ impl<'scope> DeviceScope<'scope, '_> {
             reduce_op: options.op,
             prescale: options.prescale,
             postscale: options.postscale,
-            ..self.kolo.request(name, kind, T::DTYPE, wire_shape(shape))
+            ..self
+                .core
+                .kolo
+                .request(name, kind, T::DTYPE, wire_shape(shape))
         })
     }
 
     /// The device of a tensor on `stream`, which must be the engine's GPU.
     fn device_of(&self, name: &str, stream: &Arc<CudaStream>) -> Result<Device, Error> {
         let ordinal = stream.context().ordinal();
-        match self.kolo.gpu() {
+        match self.core.kolo.gpu() {
             Some(gpu) if gpu == ordinal => Ok(Device::Cuda(ordinal as u32)),
             Some(gpu) => Err(Error::InvalidArgument {
                 tensor: name.to_owned(),
                 reason: format!(
                     "the tensor lives on cuda:{ordinal}, but rank {} reduces on cuda:{gpu}",
-                    self.kolo.rank()
+                    self.core.kolo.rank()
                 ),
             }),
             None => Err(Error::InvalidArgument {
@@ -410,7 +402,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 read,
                 write,
                 ready: Vec::new(),
-                _lease: self.leases.lease(),
+                _lease: self.core.leases.lease(),
             },
             streams,
         })
@@ -441,7 +433,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             names.push(item.request.tensor_name.clone());
             submitted.push((item.request, Box::new(item.args)));
         }
-        let completions = self.kolo.submit_all(submitted)?;
+        let completions = self.core.kolo.submit_all(submitted)?;
         let parts = names.iter().cloned().zip(completions).collect();
         Ok(Handle::new(parts, move |payloads| {
             let mut outputs = Vec::with_capacity(payloads.len());

@@ -22,30 +22,11 @@
 #   KOLO_NCCL_LIBRARY=/path/to/libnccl.so.2 bash run.sh
 #
 # kolo-bench (built alongside) is not run here; see its --help.
-set -uo pipefail
-cd "$(dirname "$0")"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
+# shellcheck source=/dev/null
+source "$(dirname "$0")/gpu-env.sh"
 : >"$OUT/summary.txt"
 
-# NVLink SHARP (NVLS) off, as in the recorded anchors.
-export NCCL_NVLS_ENABLE=0
-
-# kolo-nccl loads libnccl.so.2 at run time. pip wheels (PyTorch's NCCL)
-# keep it inside site-packages, off the loader's path: find it there.
-if [ -z "${KOLO_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
-  for py in python3 python; do
-    dir=$("$py" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null) || continue
-    if [ -e "$dir/libnccl.so.2" ]; then
-      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      echo "using NCCL from $dir"
-      break
-    fi
-  done
-fi
-
-visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-visible=${visible:-0}
+visible=$gpus
 GPUS="${GPUS:-$visible}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-600}"
 echo "GPUs visible: $visible; testing at 1, 2 and $GPUS"
@@ -79,9 +60,6 @@ step() {
   echo "$verdict (log: $OUT/$name.log)" | tee -a "$OUT/summary.txt"
 }
 
-MPIRUN=(${MPIRUN:-mpirun} --allow-run-as-root --oversubscribe --bind-to none
-  -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
-[ -n "${KOLO_NCCL_LIBRARY:-}" ] && MPIRUN+=(-x KOLO_NCCL_LIBRARY)
 
 if [ "${CHECKS:-1}" != 0 ]; then
   for n in $counts; do

@@ -11,30 +11,10 @@
 #
 #   bash run-pipeline.sh
 #   STEP_TIMEOUT=300 MPIRUN=/opt/openmpi/bin/mpirun bash run-pipeline.sh
-set -uo pipefail
-cd "$(dirname "$0")"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 
-# libnccl.so.2 may live inside a pip wheel (PyTorch's NCCL): find it there.
-if [ -z "${KOLO_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
-  for py in python3 python; do
-    dir=$("$py" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null) || continue
-    if [ -e "$dir/libnccl.so.2" ]; then
-      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      echo "using NCCL from $dir"
-      break
-    fi
-  done
-fi
-
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-gpus=${gpus:-0}
+# shellcheck source=/dev/null
+source "$(dirname "$0")/gpu-env.sh"
 STEP_TIMEOUT="${STEP_TIMEOUT:-300}"
-MPIRUN=(${MPIRUN:-mpirun} --allow-run-as-root --oversubscribe --bind-to none
-  -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
-[ -n "${KOLO_NCCL_LIBRARY:-}" ] && MPIRUN+=(-x KOLO_NCCL_LIBRARY)
 
 status=0
 run() {

@@ -7,25 +7,9 @@
 #
 #   bash run-engine.sh          # the checks
 #   BENCH=1 bash run-engine.sh  # plus `engine-step:` / `engine-small:` lines
-set -uo pipefail
-cd "$(dirname "$0")"
-OUT="${OUT:-./gpu-out}"
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
 
-# libnccl.so.2 may live inside a pip wheel (PyTorch's NCCL): find it there.
-if [ -z "${KOLO_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
-  for py in python3 python; do
-    dir=$("$py" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null) || continue
-    if [ -e "$dir/libnccl.so.2" ]; then
-      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      echo "using NCCL from $dir"
-      break
-    fi
-  done
-fi
-
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# shellcheck source=/dev/null
+source "$(dirname "$0")/gpu-env.sh"
 status=0
 run() {
   local name=$1
@@ -42,18 +26,16 @@ run engine-1gpu ./gpu_engine --gpus 1
 run engine-2gpu ./gpu_engine --gpus 2
 # One process per GPU (Kolo::init_nccl_mpi), when mpirun and 2 GPUs are here.
 mpi_np=0
-if command -v mpirun >/dev/null 2>&1 && [ "${gpus:-0}" -ge 2 ]; then
+if command -v "${MPIRUN[0]}" >/dev/null 2>&1 && [ "$gpus" -ge 2 ]; then
   mpi_np=2
-  run engine-mpi mpirun --allow-run-as-root --oversubscribe --bind-to none \
-    -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np 2 ./gpu_engine
+  run engine-mpi "${MPIRUN[@]}" -np 2 ./gpu_engine
 else
   echo "skipped: engine-mpi needs mpirun and 2 GPUs"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   run engine-bench ./gpu_engine --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench
   if [ "$mpi_np" -ge 2 ]; then
-    run engine-mpi-bench mpirun --allow-run-as-root --oversubscribe --bind-to none \
-      -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np 2 ./gpu_engine --bench
+    run engine-mpi-bench "${MPIRUN[@]}" -np 2 ./gpu_engine --bench
   fi
 fi
 if [ "$status" -ne 0 ]; then

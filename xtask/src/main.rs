@@ -102,7 +102,8 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
 /// kolo-pipeline, kolo's GPU engine checks) and kolo-bench in release mode
 /// into `gpu-dist/` (debuginfo stripped) with kolo-nccl's `run-gpu.sh` as
 /// `run.sh`, kolo's `run-gpu-engine.sh` as `run-engine.sh` and
-/// kolo-pipeline's `run-gpu-pipeline.sh` as `run-pipeline.sh`; runs them
+/// kolo-pipeline's `run-gpu-pipeline.sh` as `run-pipeline.sh` (with
+/// kolo-nccl's `gpu-env.sh`, the prelude all three source); runs them
 /// when `nvidia-smi` works
 /// here, otherwise says how to run the folder on a GPU host.
 fn test_gpu(root: &Path) -> Result<()> {
@@ -213,6 +214,12 @@ fn test_gpu(root: &Path) -> Result<()> {
         &pipeline_script,
     )
     .context("copying run-gpu-pipeline.sh")?;
+    // What the three scripts share (they source it from their folder).
+    std::fs::copy(
+        root.join("crates/kolo-nccl/gpu-env.sh"),
+        dist.join("gpu-env.sh"),
+    )
+    .context("copying gpu-env.sh")?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

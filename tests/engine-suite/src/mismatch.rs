@@ -66,37 +66,17 @@ const CASES: &[Case] = &[
     },
     Case {
         what: "allgather scalar",
-        submit: |k, first| {
-            let data = [1i32];
-            let t = if first {
-                Tensor::with_shape(&data, [])
-            } else {
-                Tensor::from(&data)
-            };
-            k.allgather("m", t).map(drop)
-        },
+        submit: |k, first| allgather_shaped(k, first, &[1], [&[], &[1]]),
         values: ["scalar", "[]"],
     },
     Case {
         what: "allgather dimensions",
-        submit: |k, first| {
-            let data = [1i32; 4];
-            let t = if first {
-                Tensor::with_shape(&data, [2, 2])
-            } else {
-                Tensor::from(&data)
-            };
-            k.allgather("m", t).map(drop)
-        },
+        submit: |k, first| allgather_shaped(k, first, &[1; 4], [&[2, 2], &[4]]),
         values: ["[2, 2]", "[4]"],
     },
     Case {
         what: "allgather trailing dimension",
-        submit: |k, first| {
-            let data = [1i32; 6];
-            let shape = if first { [2, 3] } else { [3, 2] };
-            k.allgather("m", Tensor::with_shape(&data, shape)).map(drop)
-        },
+        submit: |k, first| allgather_shaped(k, first, &[1; 6], [&[2, 3], &[3, 2]]),
         values: ["[2, 3]", "[3, 2]"],
     },
     Case {
@@ -246,4 +226,16 @@ pub fn alltoall_bad_splits(kolo: &Kolo) -> Result<Digest, Error> {
     let got = kolo.alltoall("good/a2a", &send, &good)?;
     assert_eq!(got.splits, good);
     Ok(None)
+}
+
+/// Allgathers `data` as "m" with the first shape on the first ranks and
+/// the second on the others.
+fn allgather_shaped(
+    k: &Kolo,
+    first: bool,
+    data: &[i32],
+    shapes: [&[usize]; 2],
+) -> Result<(), Error> {
+    let shape = if first { shapes[0] } else { shapes[1] };
+    k.allgather("m", Tensor::with_shape(data, shape)).map(drop)
 }

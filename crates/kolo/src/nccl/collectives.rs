@@ -77,10 +77,8 @@ impl<T: DeviceElement> Spares<T> {
         len: usize,
         fill: T,
     ) -> Result<Untracked<T>, NcclError> {
-        match part.args.as_ref().and_then(|a| a.write.as_ref()) {
-            Some(write) => Ok(write.prefix(write.len())),
-            None => self.stand_in(comm, len, fill),
-        }
+        let write = part.args.as_ref().and_then(|a| a.write.as_ref());
+        self.own_or_stand_in(comm, write, len, fill)
     }
 
     /// `part`'s input, or a stand-in of `len` copies of `fill`.
@@ -91,8 +89,20 @@ impl<T: DeviceElement> Spares<T> {
         len: usize,
         fill: T,
     ) -> Result<Untracked<T>, NcclError> {
-        match part.args.as_ref().and_then(|a| a.read.as_ref()) {
-            Some(read) => Ok(read.prefix(read.len())),
+        let read = part.args.as_ref().and_then(|a| a.read.as_ref());
+        self.own_or_stand_in(comm, read, len, fill)
+    }
+
+    /// The whole of `own` if this rank has the buffer, else a stand-in.
+    fn own_or_stand_in(
+        &mut self,
+        comm: &NcclComm,
+        own: Option<&Untracked<T>>,
+        len: usize,
+        fill: T,
+    ) -> Result<Untracked<T>, NcclError> {
+        match own {
+            Some(buf) => Ok(buf.prefix(buf.len())),
             None => self.stand_in(comm, len, fill),
         }
     }

@@ -68,39 +68,28 @@ fn alloc<T: DeviceElement>(
 /// that stream's order (after the work using them).
 struct Spares<T>(Vec<CudaSlice<T>>);
 
+/// Which of a tensor's buffers: its input, or where its result goes.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Read,
+    Write,
+}
+
 impl<T: DeviceElement> Spares<T> {
-    /// `part`'s buffer to write, or a stand-in of `len` copies of `fill`.
-    fn output(
+    /// `part`'s buffer on `side`, or a stand-in of `len` copies of `fill`
+    /// where this rank has none.
+    fn buffer(
         &mut self,
         comm: &NcclComm,
         part: &Part<T>,
+        side: Side,
         len: usize,
         fill: T,
     ) -> Result<Untracked<T>, NcclError> {
-        let write = part.args.as_ref().and_then(|a| a.write.as_ref());
-        self.own_or_stand_in(comm, write, len, fill)
-    }
-
-    /// `part`'s input, or a stand-in of `len` copies of `fill`.
-    fn input(
-        &mut self,
-        comm: &NcclComm,
-        part: &Part<T>,
-        len: usize,
-        fill: T,
-    ) -> Result<Untracked<T>, NcclError> {
-        let read = part.args.as_ref().and_then(|a| a.read.as_ref());
-        self.own_or_stand_in(comm, read, len, fill)
-    }
-
-    /// The whole of `own` if this rank has the buffer, else a stand-in.
-    fn own_or_stand_in(
-        &mut self,
-        comm: &NcclComm,
-        own: Option<&Untracked<T>>,
-        len: usize,
-        fill: T,
-    ) -> Result<Untracked<T>, NcclError> {
+        let own = part.args.as_ref().and_then(|a| match side {
+            Side::Read => a.read.as_ref(),
+            Side::Write => a.write.as_ref(),
+        });
         match own {
             Some(buf) => Ok(buf.prefix(buf.len())),
             None => self.stand_in(comm, len, fill),
@@ -144,7 +133,13 @@ impl NcclPlane {
         let mut spares = Spares(Vec::new());
         let mut views = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
-            views.push(spares.output(comm, part, size_of(response, i), T::identity(op))?);
+            views.push(spares.buffer(
+                comm,
+                part,
+                Side::Write,
+                size_of(response, i),
+                T::identity(op),
+            )?);
         }
         if let [view] = views.as_mut_slice() {
             let work = phase(timeline, names, NCCL_ALLREDUCE, || {
@@ -213,7 +208,8 @@ impl NcclPlane {
     ) -> Result<Enqueued, NcclError> {
         let root = response.root_rank as usize;
         self.per_tensor(parts, |comm, spares, i, part| {
-            let mut buf = spares.output(comm, part, size_of(response, i), T::default())?;
+            let mut buf =
+                spares.buffer(comm, part, Side::Write, size_of(response, i), T::default())?;
             let work = phase(timeline, &[&part.name], NCCL_BROADCAST, || {
                 comm.broadcast(&mut buf, root)
             })?;
@@ -251,8 +247,8 @@ impl NcclPlane {
                 .map(|r| r.saturating_mul(row))
                 .collect();
             let mine = counts.get(rank).copied().unwrap_or(0);
-            let input = spares.input(comm, part, total, T::identity(op))?;
-            let mut output = spares.output(comm, part, mine, T::default())?;
+            let input = spares.buffer(comm, part, Side::Read, total, T::identity(op))?;
+            let mut output = spares.buffer(comm, part, Side::Write, mine, T::default())?;
             let work = phase(timeline, &[&part.name], NCCL_REDUCESCATTER, || {
                 comm.reduce_scatter(&input, &mut output, &counts, op, scale)
             })?;
@@ -286,7 +282,7 @@ impl NcclPlane {
                 .map(|&r| usize::try_from(r).unwrap_or(0).saturating_mul(row))
                 .collect();
             let total: usize = counts.iter().sum();
-            let input = spares.input(comm, part, 0, T::default())?;
+            let input = spares.buffer(comm, part, Side::Read, 0, T::default())?;
             let mut gathered = alloc(comm, total, T::default())?;
             let work = phase(timeline, &[&part.name], NCCL_ALLGATHER, || {
                 comm.all_gatherv(&input, &mut gathered.slice_mut(..total), &counts)
@@ -327,7 +323,7 @@ impl NcclPlane {
                         response.splits
                     ))
                 })?;
-            let input = spares.input(comm, part, 0, T::default())?;
+            let input = spares.buffer(comm, part, Side::Read, 0, T::default())?;
             let total: usize = recv_counts.iter().sum();
             let mut received = alloc(comm, total, T::default())?;
             let work = phase(timeline, &[&part.name], NCCL_ALLTOALL, || {

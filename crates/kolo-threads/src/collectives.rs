@@ -54,7 +54,7 @@ impl Collectives for ThreadComm {
     }
 
     /// Small messages are sent eagerly (buffered, so sending first never
-    /// deadlocks). From [`LEND_BYTES`] on, `send` is lent to `dst`, which
+    /// deadlocks). From 32 KiB on, `send` is lent to `dst`, which
     /// copies it straight into its receive buffer (one copy instead of two
     /// and no allocation); the call then returns once `dst` has copied it,
     /// as MPI's rendezvous sends do.

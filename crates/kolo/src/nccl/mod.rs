@@ -12,8 +12,8 @@
 //! so do host tensors on these engines: they keep using the controller's
 //! host collectives, while device tensors go to NCCL.
 //!
-//! Device collectives are submitted blocking ([`Kolo::allreduce_device`],
-//! ...) or asynchronously inside a [`Kolo::device_scope`]. At submission
+//! Device collectives are submitted blocking ([`Kolo::allreduce_device`](crate::Kolo::allreduce_device),
+//! ...) or asynchronously inside a [`Kolo::device_scope`](crate::Kolo::device_scope). At submission
 //! one event is recorded on each stream of the submitted tensors; the
 //! engine's NCCL stream waits for it on the GPU (never a CPU sync) and
 //! performs the agreed operation on the tensors' addresses — ready

@@ -112,12 +112,26 @@ fn set(words: &mut [u64], start: usize, bit: usize) {
     }
 }
 
+/// The set bits among the first `count` of the group at `start`, ascending
+/// (word by word: a cycle's decode costs the set bits, not the capacity).
 fn ones(words: &[u64], start: usize, count: usize) -> impl Iterator<Item = usize> + '_ {
-    (0..count).filter(move |&bit| {
-        words
-            .get(start + bit / 64)
-            .is_some_and(|w| w >> (bit % 64) & 1 == 1)
-    })
+    words
+        .iter()
+        .skip(start)
+        .take(words_for(count))
+        .enumerate()
+        .flat_map(|(w, &word)| {
+            let mut rest = word;
+            std::iter::from_fn(move || {
+                if rest == 0 {
+                    return None;
+                }
+                let bit = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                Some(w * 64 + bit)
+            })
+        })
+        .filter(move |&bit| bit < count)
 }
 
 impl BitLayout {

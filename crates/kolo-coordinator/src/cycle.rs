@@ -1,7 +1,7 @@
 //! The thin shell: one negotiation cycle over a [`Controller`].
 //!
-//! 1. The rank sorts its new requests into cache hits (bit path) and
-//!    requests for rank 0, and builds its [`LocalBits`].
+//! 1. The rank sorts its new requests (by [`TensorId`]) into cache hits
+//!    (bit path) and requests for rank 0, and builds its [`LocalBits`].
 //! 2. One `bitwise_allreduce(And)` (see [`crate::bit_vector`]) tells every
 //!    rank who wants shutdown, who joined, which slots are invalid, which hits
 //!    every rank has, and whether anybody has work for rank 0.
@@ -15,17 +15,19 @@
 use crate::bit_vector::{BitLayout, CycleBits, LocalBits};
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
+use crate::names::{NameError, Names, TensorId};
 use crate::negotiate::{Decision, Negotiator, Round};
-use crate::output::{CycleOutput, CycleStats, NegotiationEvent};
-use crate::pending::PendingRequests;
+use crate::output::{Agreed, CycleOutput, CycleStats, NegotiationEvent};
+use crate::pending::{PendingRequests, Submission};
 use crate::response_cache::ResponseCache;
 use crate::stall::{stalled, CachePathStall, CachePathStalls, StallInspector};
 use kolo_protocol::{
-    decode_request_list, decode_response_list, encode_request_list, encode_response_list, Request,
-    RequestKind, RequestList, Response, ResponseKind, ResponseList,
+    decode_request_list, decode_response_list, encode_request_list, encode_response_list, Params,
+    Request, RequestKind, RequestList, Response, ResponseKind, ResponseList,
 };
 use kolo_transport::{BitOp, Controller, TransportError};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Rank 0's extra state.
@@ -49,6 +51,7 @@ pub struct Coordinator {
     size: usize,
     config: CoordinatorConfig,
     layout: BitLayout,
+    names: Names,
     cache: ResponseCache,
     pending: PendingRequests,
     rank0: Option<Box<Rank0>>,
@@ -72,8 +75,9 @@ impl Coordinator {
             rank,
             size,
             layout: BitLayout::new(size, config.cache_capacity),
+            names: Names::new(),
             cache: ResponseCache::new(config.cache_capacity),
-            pending: PendingRequests::new(rank as u32),
+            pending: PendingRequests::new(rank as u32, config.cache_capacity),
             config,
             rank0,
         }
@@ -99,19 +103,72 @@ impl Coordinator {
         self.pending.len()
     }
 
+    /// This rank's tensor names by id.
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    /// Names this rank's tensor `id` (before the first cycle that submits
+    /// it). The caller chooses the ids: small integers, unique per name
+    /// while registered.
+    pub fn register(&mut self, id: TensorId, name: &str) -> Result<(), NameError> {
+        self.names.register(id, name)
+    }
+
+    /// Drops `id` if nothing refers to it any more (no request of it is
+    /// pending and no cache slot holds it) and returns whether it did; the
+    /// id may then name another tensor.
+    pub fn forget(&mut self, id: TensorId) -> bool {
+        if self.pending.is_pending(id) || self.cache.slot_of_id(id).is_some() {
+            return false;
+        }
+        self.names.forget(id);
+        true
+    }
+
+    /// [`Coordinator::cycle`] for callers that hold [`Request`]s: names
+    /// not registered yet get ids after the highest registered one. (A
+    /// caller that registers its own ids should submit by id.)
+    pub fn cycle_requests<C: Controller + ?Sized>(
+        &mut self,
+        ctrl: &mut C,
+        requests: Vec<Request>,
+        shutdown: bool,
+        now: Instant,
+    ) -> Result<CycleOutput, CoordinatorError> {
+        let mut submissions = Vec::with_capacity(requests.len());
+        for request in requests {
+            let id = match self.names.id(&request.tensor_name) {
+                Some(id) => id,
+                None => {
+                    let id = TensorId(self.names.end());
+                    self.names
+                        .register(id, &request.tensor_name)
+                        .map_err(|e| TransportError::InvalidArgument(e.to_string()))?;
+                    id
+                }
+            };
+            submissions.push(Submission {
+                id,
+                params: Params::of(&request),
+            });
+        }
+        self.cycle(ctrl, submissions, shutdown, now)
+    }
+
     /// This rank has joined and not every rank has yet.
     pub fn joined(&self) -> bool {
         self.pending.joined()
     }
 
     /// Runs one negotiation cycle over `ctrl` (a collective: every rank calls
-    /// it). `requests` are this rank's requests enqueued since the last
-    /// cycle (their `rank` field is set to this rank); `shutdown` says this
-    /// rank wants to stop; `now` drives the stall inspector.
+    /// it). `submissions` are this rank's requests enqueued since the last
+    /// cycle, by registered id; `shutdown` says this rank wants to stop;
+    /// `now` drives the stall inspector.
     pub fn cycle<C: Controller + ?Sized>(
         &mut self,
         ctrl: &mut C,
-        requests: Vec<Request>,
+        submissions: Vec<Submission>,
         shutdown: bool,
         now: Instant,
     ) -> Result<CycleOutput, CoordinatorError> {
@@ -126,7 +183,7 @@ impl Coordinator {
             .into());
         }
         self.pending.revalidate(&self.cache);
-        let mut invalid = self.pending.intake(requests, &self.cache);
+        let mut invalid = self.pending.intake(submissions, &self.cache);
         let mut gather_wanted = false;
         if let Some(r0) = self.rank0.as_deref_mut() {
             for stall in std::mem::take(&mut r0.invalidate_next) {
@@ -153,14 +210,20 @@ impl Coordinator {
         let joined_any = bits.any_joined();
         let everyone_joined = bits.everyone_joined(self.size);
         let agreed = bits.agreed_hits();
-        self.pending.route(&bits, &agreed);
+        self.pending.route(&bits);
         for &slot in &bits.invalid {
             self.cache.erase(slot);
         }
-        let cached: Vec<Response> = agreed
-            .iter()
-            .filter_map(|&slot| self.cache.response(slot).cloned())
-            .collect();
+        let mut cached: Vec<Agreed> = Vec::with_capacity(agreed.len());
+        for &slot in &agreed {
+            let id = self.pending.settle_hit(slot);
+            if let Some(response) = self.cache.response(slot) {
+                cached.push(Agreed {
+                    response: Arc::clone(response),
+                    id,
+                });
+            }
+        }
         let gather = bits.needs_gather(self.size);
         let mut output = CycleOutput {
             shutdown_ranks: bits.shutdown_ranks.clone(),
@@ -170,17 +233,18 @@ impl Coordinator {
             },
             ..CycleOutput::default()
         };
+        let mut from_rank0 = Vec::new();
         if gather {
             let (list, events) = self.exchange(ctrl, shutdown, &bits, now)?;
             output.stall_shutdown = list.shutdown;
-            output.responses = list.responses;
+            from_rank0 = list.responses;
             output.events = events;
         }
         self.watch_cache_path(&bits, &agreed, now);
         if self.rank0.is_some() && self.config.events {
             output.events.extend(cached_events(&cached));
         }
-        self.apply(&output.responses, &cached, &agreed, joined_any);
+        output.responses = self.apply(from_rank0, &agreed, joined_any);
         output.responses.extend(cached);
         output.shutdown = output.stall_shutdown || !output.shutdown_ranks.is_empty();
         if everyone_joined {
@@ -200,7 +264,7 @@ impl Coordinator {
         now: Instant,
     ) -> Result<(ResponseList, Vec<NegotiationEvent>), CoordinatorError> {
         let list = RequestList {
-            requests: self.pending.take_outbox(),
+            requests: self.pending.take_outbox(&self.names),
             shutdown,
         };
         let gathered = ctrl.gather_bytes(&encode_request_list(&list), 0)?;
@@ -244,32 +308,44 @@ impl Coordinator {
     }
 
     /// Applies the agreed sequence to the cache and the pending requests,
-    /// identically on every rank: hits are touched (slot order), then the
-    /// successful responses from rank 0 are inserted (response order), unless
-    /// a rank is joined (such responses lack the joined ranks and may be
-    /// adjusted for the join).
+    /// identically on every rank: hits are touched (slot order; their
+    /// requests were settled already), then the successful responses from
+    /// rank 0 are settled and inserted (response order), unless a rank is
+    /// joined (such responses lack the joined ranks and may be adjusted
+    /// for the join). Returns rank 0's responses with this rank's ids.
     fn apply(
         &mut self,
-        from_rank0: &[Response],
-        cached: &[Response],
+        from_rank0: Vec<Response>,
         agreed: &[usize],
         joined_any: bool,
-    ) {
+    ) -> Vec<Agreed> {
         for &slot in agreed {
             self.cache.touch(slot);
         }
-        for response in cached {
-            self.pending.answer(response);
-        }
+        let mut out = Vec::with_capacity(from_rank0.len());
         for response in from_rank0 {
-            let mine = self.pending.answer(response);
+            let mine = self.pending.answer(&response, &self.names);
+            let response = Arc::new(response);
             let cacheable = !joined_any
                 && matches!(response.kind, ResponseKind::Op(kind) if kind != RequestKind::Join);
             if let (true, [name]) = (cacheable, response.tensor_names.as_slice()) {
-                let params = mine.into_iter().next().flatten();
-                self.cache.insert(name, response.clone(), params);
+                let (id, params) = match &mine {
+                    Some((id, params)) => (Some(*id), params.clone()),
+                    None => (None, None),
+                };
+                let shared = match id.and_then(|id| self.names.shared(id)) {
+                    Some(shared) => Arc::clone(shared),
+                    None => Arc::from(name.as_str()),
+                };
+                self.cache
+                    .insert(&shared, id, Arc::clone(&response), params);
             }
+            out.push(Agreed {
+                response,
+                id: mine.map(|(id, _)| id),
+            });
         }
+        out
     }
 
     /// Rank 0: times the slots that wait on the bit path and schedules those
@@ -374,7 +450,7 @@ fn abort_message(list: &ResponseList) -> Option<String> {
 }
 
 /// Start + End events of the cache hits (rank 0's timeline).
-fn cached_events(cached: &[Response]) -> Vec<NegotiationEvent> {
+fn cached_events(cached: &[Agreed]) -> Vec<NegotiationEvent> {
     let mut events = Vec::new();
     for response in cached {
         let ResponseKind::Op(kind) = response.kind else {

@@ -71,7 +71,7 @@
 //! let mut coordinator = Coordinator::new(0, 1, CoordinatorConfig::default());
 //! let grad = Request::new(0, "grad/w1", RequestKind::Allreduce, DataType::F32, vec![1024]);
 //! for step in 0..2 {
-//!     let out = coordinator.cycle(&mut Alone, vec![grad.clone()], false, Instant::now())?;
+//!     let out = coordinator.cycle_requests(&mut Alone, vec![grad.clone()], false, Instant::now())?;
 //!     assert_eq!(out.responses.len(), 1);
 //!     assert_eq!(out.responses[0].tensor_names, ["grad/w1"]);
 //!     assert_eq!(out.stats.gathered, step == 0); // the second step is a cache hit
@@ -87,6 +87,7 @@ mod cycle;
 mod error;
 pub mod join;
 pub mod message_table;
+pub mod names;
 pub mod negotiate;
 mod output;
 pub mod pending;
@@ -96,5 +97,7 @@ pub mod stall;
 pub use config::CoordinatorConfig;
 pub use cycle::Coordinator;
 pub use error::CoordinatorError;
-pub use output::{CycleOutput, CycleStats, NegotiationEvent};
+pub use names::{NameError, Names, TensorId};
+pub use output::{Agreed, CycleOutput, CycleStats, NegotiationEvent};
+pub use pending::Submission;
 pub use stall::{stalled, StallReport};

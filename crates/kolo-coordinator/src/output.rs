@@ -1,6 +1,8 @@
 //! What a cycle decided.
 
+use crate::names::TensorId;
 use kolo_protocol::{RequestKind, Response};
+use std::sync::Arc;
 
 /// Rank-0 events for the timeline: when negotiation of a tensor starts, when
 /// each rank's request arrived, and when it ends.
@@ -27,8 +29,28 @@ pub enum NegotiationEvent {
     },
 }
 
+/// One response to perform, with this rank's tensor for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agreed {
+    /// The response (shared with the response cache for a hit).
+    pub response: Arc<Response>,
+    /// This rank's id for the response's tensor when the response settles
+    /// a request this rank has in flight; `None` for names this rank did
+    /// not submit (it joined, or a stall error for a tensor it lacks) and
+    /// for a join response (several names).
+    pub id: Option<TensorId>,
+}
+
+impl std::ops::Deref for Agreed {
+    type Target = Response;
+
+    fn deref(&self) -> &Response {
+        &self.response
+    }
+}
+
 /// What one cycle decided; identical on every rank except `events` (rank 0
-/// only) and `stats`.
+/// only), `stats` and the responses' ids.
 #[derive(Clone, Debug, Default)]
 pub struct CycleOutput {
     /// Responses to perform now, in the same order on every rank, unfused
@@ -36,7 +58,7 @@ pub struct CycleOutput {
     /// deterministic). Error responses included (stall errors too). A rank
     /// ignores responses for names it never submitted (a stall error for a
     /// tensor it lacks) unless it has joined.
-    pub responses: Vec<Response>,
+    pub responses: Vec<Agreed>,
     /// Every rank must stop after performing `responses`.
     pub shutdown: bool,
     /// The ranks that asked for the shutdown (empty unless `shutdown`), so

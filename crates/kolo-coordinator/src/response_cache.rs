@@ -6,71 +6,112 @@
 //! slot assignment because they change only through the agreed response
 //! sequence: [`ResponseCache::insert`] after a successful response,
 //! [`ResponseCache::touch`] after a cache hit, [`ResponseCache::erase`] for
-//! the slots whose invalid bit was OR-ed in. What differs per rank is the
-//! request parameters stored with each slot: a rank's own request for the
-//! tensor (allgather and alltoall parameters differ between ranks), which is
-//! what a later request on that rank must equal to hit.
+//! the slots whose invalid bit was OR-ed in. What differs per rank is what
+//! each slot remembers of the rank itself: its [`TensorId`] for the tensor
+//! and its own request parameters (allgather and alltoall parameters
+//! differ between ranks), which a later request on that rank must equal to
+//! hit.
+//!
+//! Everything on the hit path is an array access by id or slot: a lookup
+//! by [`TensorId`], a parameter comparison, a least-recently-used list
+//! linked through the slots (O(1) touch and eviction), and responses
+//! shared (`Arc`), not copied.
 
-use kolo_protocol::{Request, Response};
+use crate::names::TensorId;
+use kolo_protocol::{Params, Response};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// What [`ResponseCache::lookup`] found for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
-    /// The name is cached with exactly these parameters: the slot's bit may
-    /// be set.
+    /// The tensor is cached with exactly these parameters: the slot's bit
+    /// may be set.
     Hit(usize),
-    /// The name is cached with other parameters (or without parameters on
-    /// this rank): the slot must be invalidated on every rank.
+    /// The tensor is cached with other parameters (or without parameters
+    /// of this rank): the slot must be invalidated on every rank.
     Mismatch(usize),
-    /// The name is not cached.
+    /// The tensor is not cached.
     Miss,
 }
 
 /// One cached response.
 #[derive(Clone, Debug)]
 struct Entry {
-    name: String,
-    response: Response,
-    /// This rank's request for the tensor when the response was performed;
-    /// `None` when this rank did not submit it (such an entry never hits here).
-    params: Option<Request>,
-    /// Logical time of the last insert or hit (for LRU eviction).
-    last_used: u64,
+    name: Arc<str>,
+    /// This rank's id for the tensor; `None` when this rank did not submit
+    /// it (such an entry never hits here).
+    id: Option<TensorId>,
+    response: Arc<Response>,
+    /// This rank's parameters when the response was performed.
+    params: Option<Params>,
+}
+
+/// Links of the least-recently-used list, through the slots: index
+/// `capacity` is the list's head and tail sentinel.
+#[derive(Clone, Debug, Default)]
+struct Lru {
+    prev: Vec<usize>,
+    next: Vec<usize>,
+}
+
+impl Lru {
+    fn new(capacity: usize) -> Self {
+        let sentinel = capacity;
+        Lru {
+            prev: vec![sentinel; capacity + 1],
+            next: vec![sentinel; capacity + 1],
+        }
+    }
+
+    fn sentinel(&self) -> usize {
+        self.next.len() - 1
+    }
+
+    fn unlink(&mut self, slot: usize) {
+        let (p, n) = (self.prev[slot], self.next[slot]);
+        self.next[p] = n;
+        self.prev[n] = p;
+    }
+
+    /// Appends `slot` as the most recently used.
+    fn push_back(&mut self, slot: usize) {
+        let s = self.sentinel();
+        let last = self.prev[s];
+        self.next[last] = slot;
+        self.prev[slot] = last;
+        self.next[slot] = s;
+        self.prev[s] = slot;
+    }
+
+    /// The least recently used slot.
+    fn front(&self) -> Option<usize> {
+        let first = self.next[self.sentinel()];
+        (first != self.sentinel()).then_some(first)
+    }
 }
 
 /// A fixed-capacity cache of responses with deterministic slot assignment and
 /// least-recently-used eviction.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ResponseCache {
     slots: Vec<Option<Entry>>,
-    by_name: HashMap<String, usize>,
+    by_name: HashMap<Arc<str>, usize>,
+    /// Slot of each of this rank's ids.
+    by_id: Vec<Option<usize>>,
     /// The empty slots, lowest first.
     free: BTreeSet<usize>,
-    /// `(last_used, slot)` of every occupied slot: the first is the least
-    /// recently used (O(log n) eviction instead of a scan of every slot).
-    lru: BTreeSet<(u64, usize)>,
-    clock: u64,
+    /// The occupied slots, least recently used first.
+    lru: Lru,
     /// Bumped whenever a slot's tensor or parameters change (insert,
     /// erase): pending hits need revalidating only then.
     generation: u64,
 }
 
-/// True when `a` and `b` ask for the same collective on the same tensor: the
-/// name and every parameter (kind, dtype, shape, device, root, reduce op,
-/// scale factors compared bit for bit, splits) are equal. The rank is not a
-/// parameter.
-pub fn same_params(a: &Request, b: &Request) -> bool {
-    a.tensor_name == b.tensor_name
-        && a.kind == b.kind
-        && a.dtype == b.dtype
-        && a.shape == b.shape
-        && a.device == b.device
-        && a.root_rank == b.root_rank
-        && a.reduce_op == b.reduce_op
-        && a.prescale.to_bits() == b.prescale.to_bits()
-        && a.postscale.to_bits() == b.postscale.to_bits()
-        && a.splits == b.splits
+impl Default for ResponseCache {
+    fn default() -> Self {
+        ResponseCache::new(0)
+    }
 }
 
 impl ResponseCache {
@@ -79,9 +120,9 @@ impl ResponseCache {
         ResponseCache {
             slots: vec![None; capacity],
             by_name: HashMap::new(),
+            by_id: Vec::new(),
             free: (0..capacity).collect(),
-            lru: BTreeSet::new(),
-            clock: 0,
+            lru: Lru::new(capacity),
             generation: 0,
         }
     }
@@ -101,22 +142,26 @@ impl ResponseCache {
         self.by_name.is_empty()
     }
 
-    /// Looks `request` up by its name and compares every parameter.
-    pub fn lookup(&self, request: &Request) -> Lookup {
-        match self.by_name.get(&request.tensor_name) {
+    /// Looks up this rank's tensor `id` and compares its parameters.
+    pub fn lookup(&self, id: TensorId, params: &Params) -> Lookup {
+        match self.slot_of_id(id) {
             None => Lookup::Miss,
-            Some(&slot) if self.matches(slot, request) => Lookup::Hit(slot),
-            Some(&slot) => Lookup::Mismatch(slot),
+            Some(slot) if self.matches(slot, id, params) => Lookup::Hit(slot),
+            Some(slot) => Lookup::Mismatch(slot),
         }
     }
 
-    /// True when `slot` holds `request`'s name with exactly its parameters.
-    pub fn matches(&self, slot: usize, request: &Request) -> bool {
+    /// True when `slot` holds this rank's tensor `id` with exactly
+    /// `params`.
+    pub fn matches(&self, slot: usize, id: TensorId, params: &Params) -> bool {
         match self.slots.get(slot) {
-            Some(Some(entry)) => entry
-                .params
-                .as_ref()
-                .is_some_and(|params| same_params(params, request)),
+            Some(Some(entry)) => {
+                entry.id == Some(id)
+                    && entry
+                        .params
+                        .as_ref()
+                        .is_some_and(|mine| mine.same_as(params))
+            }
             _ => false,
         }
     }
@@ -127,16 +172,18 @@ impl ResponseCache {
     }
 
     /// The response cached in `slot`.
-    pub fn response(&self, slot: usize) -> Option<&Response> {
+    pub fn response(&self, slot: usize) -> Option<&Arc<Response>> {
         self.slots.get(slot)?.as_ref().map(|entry| &entry.response)
     }
 
     /// The tensor name cached in `slot`.
     pub fn name(&self, slot: usize) -> Option<&str> {
-        self.slots
-            .get(slot)?
-            .as_ref()
-            .map(|entry| entry.name.as_str())
+        self.slots.get(slot)?.as_ref().map(|entry| &*entry.name)
+    }
+
+    /// This rank's id for the tensor cached in `slot`.
+    pub fn id(&self, slot: usize) -> Option<TensorId> {
+        self.slots.get(slot)?.as_ref()?.id
     }
 
     /// The slot holding `name`.
@@ -144,70 +191,87 @@ impl ResponseCache {
         self.by_name.get(name).copied()
     }
 
+    /// The slot holding this rank's tensor `id`.
+    pub fn slot_of_id(&self, id: TensorId) -> Option<usize> {
+        self.by_id.get(id.index()).copied().flatten()
+    }
+
     /// Marks `slot` as used now (after a cache hit).
     pub fn touch(&mut self, slot: usize) {
-        self.clock += 1;
-        let clock = self.clock;
-        if let Some(Some(entry)) = self.slots.get_mut(slot) {
-            self.lru.remove(&(entry.last_used, slot));
-            self.lru.insert((clock, slot));
-            entry.last_used = clock;
+        if let Some(Some(_)) = self.slots.get(slot) {
+            self.lru.unlink(slot);
+            self.lru.push_back(slot);
         }
     }
 
-    /// Stores `response` for `name` with this rank's `params` and returns its
-    /// slot: the slot already holding `name`, else the lowest free slot, else
-    /// the least recently used one (evicted). `None` when the capacity is 0.
+    /// Stores `response` for `name` with this rank's `id` and `params` for
+    /// it and returns its slot: the slot already holding `name`, else the
+    /// lowest free slot, else the least recently used one (evicted).
+    /// `None` when the capacity is 0.
     pub fn insert(
         &mut self,
-        name: &str,
-        response: Response,
-        params: Option<Request>,
+        name: &Arc<str>,
+        id: Option<TensorId>,
+        response: Arc<Response>,
+        params: Option<Params>,
     ) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
-        let slot = match self.by_name.get(name) {
-            Some(&slot) => slot,
-            None => match self.free.first().copied() {
+        let slot = match self.by_name.get(&**name) {
+            Some(&slot) => {
+                self.lru.unlink(slot);
+                self.unmap_id(slot);
+                slot
+            }
+            None => match self.free.pop_first() {
                 Some(free) => free,
-                None => self.evict_lru()?,
+                None => {
+                    let victim = self.lru.front()?;
+                    self.erase(victim);
+                    self.free.remove(&victim);
+                    victim
+                }
             },
         };
-        self.clock += 1;
         self.generation += 1;
-        self.free.remove(&slot);
-        if let Some(Some(old)) = self.slots.get(slot) {
-            self.lru.remove(&(old.last_used, slot));
+        self.lru.push_back(slot);
+        self.by_name.insert(Arc::clone(name), slot);
+        if let Some(id) = id {
+            if self.by_id.len() <= id.index() {
+                self.by_id.resize(id.index() + 1, None);
+            }
+            self.by_id[id.index()] = Some(slot);
         }
-        self.lru.insert((self.clock, slot));
-        self.by_name.insert(name.to_owned(), slot);
         self.slots[slot] = Some(Entry {
-            name: name.to_owned(),
+            name: Arc::clone(name),
+            id,
             response,
             params,
-            last_used: self.clock,
         });
         Some(slot)
     }
 
-    /// Empties `slot` (its name was requested with other parameters
+    /// Empties `slot` (its tensor was requested with other parameters
     /// somewhere, or it stalled on the cache path).
     pub fn erase(&mut self, slot: usize) {
-        if let Some(entry) = self.slots.get_mut(slot).and_then(Option::take) {
-            self.generation += 1;
-            self.by_name.remove(&entry.name);
-            self.lru.remove(&(entry.last_used, slot));
-            self.free.insert(slot);
+        if let Some(Some(_)) = self.slots.get(slot) {
+            self.unmap_id(slot);
+            if let Some(entry) = self.slots[slot].take() {
+                self.generation += 1;
+                self.by_name.remove(&entry.name);
+                self.lru.unlink(slot);
+                self.free.insert(slot);
+            }
         }
     }
 
-    /// Empties the least recently used slot (lowest slot on a tie) and
-    /// returns it.
-    fn evict_lru(&mut self) -> Option<usize> {
-        let (_, slot) = self.lru.first().copied()?;
-        self.erase(slot);
-        Some(slot)
+    /// Clears the id index of `slot`'s entry.
+    fn unmap_id(&mut self, slot: usize) {
+        let id = self.id(slot);
+        if let Some(entry) = id.and_then(|id| self.by_id.get_mut(id.index())) {
+            *entry = None;
+        }
     }
 }
 
@@ -217,59 +281,75 @@ mod tests {
     use kolo_protocol::{DataType, RequestKind};
     use proptest::prelude::*;
 
-    fn req(name: &str, len: u64) -> Request {
-        Request::new(0, name, RequestKind::Allreduce, DataType::F32, vec![len])
+    fn params(len: u64) -> Params {
+        Params::new(RequestKind::Allreduce, DataType::F32, [len])
     }
 
-    fn resp(name: &str) -> Response {
-        Response::error(name, "")
+    fn resp(name: &str) -> Arc<Response> {
+        Arc::new(Response::error(name, ""))
+    }
+
+    fn put(
+        cache: &mut ResponseCache,
+        name: &str,
+        id: Option<u32>,
+        params: Option<Params>,
+    ) -> Option<usize> {
+        cache.insert(&Arc::from(name), id.map(TensorId), resp(name), params)
     }
 
     #[test]
-    fn hit_needs_every_parameter() {
+    fn hit_needs_the_id_and_every_parameter() {
         let mut cache = ResponseCache::new(4);
-        let slot = cache
-            .insert("a", resp("a"), Some(req("a", 3)))
-            .unwrap_or(usize::MAX);
-        assert_eq!(cache.lookup(&req("a", 3)), Lookup::Hit(slot));
-        assert_eq!(cache.lookup(&req("a", 4)), Lookup::Mismatch(slot));
-        let scaled = Request {
+        let slot = put(&mut cache, "a", Some(7), Some(params(3))).unwrap_or(usize::MAX);
+        assert_eq!(cache.lookup(TensorId(7), &params(3)), Lookup::Hit(slot));
+        assert_eq!(
+            cache.lookup(TensorId(7), &params(4)),
+            Lookup::Mismatch(slot)
+        );
+        let scaled = Params {
             postscale: 0.5,
-            ..req("a", 3)
+            ..params(3)
         };
-        assert_eq!(cache.lookup(&scaled), Lookup::Mismatch(slot));
-        assert_eq!(cache.lookup(&req("b", 3)), Lookup::Miss);
+        assert_eq!(cache.lookup(TensorId(7), &scaled), Lookup::Mismatch(slot));
+        assert_eq!(cache.lookup(TensorId(8), &params(3)), Lookup::Miss);
+        assert_eq!(cache.slot_of("a"), Some(slot));
+        assert_eq!(cache.id(slot), Some(TensorId(7)));
     }
 
     #[test]
     fn entry_without_params_never_hits() {
         let mut cache = ResponseCache::new(2);
-        let slot = cache.insert("a", resp("a"), None);
-        assert_eq!(slot, Some(0));
-        assert_eq!(cache.lookup(&req("a", 3)), Lookup::Mismatch(0));
+        assert_eq!(put(&mut cache, "a", Some(1), None), Some(0));
+        assert_eq!(cache.lookup(TensorId(1), &params(3)), Lookup::Mismatch(0));
+        assert_eq!(put(&mut cache, "b", None, None), Some(1));
+        assert_eq!(cache.slot_of_id(TensorId(1)), Some(0));
     }
 
     #[test]
     fn lru_eviction_and_erase() {
         let mut cache = ResponseCache::new(2);
-        assert_eq!(cache.insert("a", resp("a"), Some(req("a", 1))), Some(0));
-        assert_eq!(cache.insert("b", resp("b"), Some(req("b", 1))), Some(1));
+        assert_eq!(put(&mut cache, "a", Some(0), Some(params(1))), Some(0));
+        assert_eq!(put(&mut cache, "b", Some(1), Some(params(1))), Some(1));
         cache.touch(0);
         // "b" is least recently used now.
-        assert_eq!(cache.insert("c", resp("c"), Some(req("c", 1))), Some(1));
+        assert_eq!(put(&mut cache, "c", Some(2), Some(params(1))), Some(1));
         assert_eq!(cache.slot_of("b"), None);
+        assert_eq!(cache.slot_of_id(TensorId(1)), None);
         assert_eq!(cache.name(1), Some("c"));
         cache.erase(0);
-        assert_eq!(cache.lookup(&req("a", 1)), Lookup::Miss);
-        assert_eq!(cache.insert("d", resp("d"), None), Some(0));
+        assert_eq!(cache.lookup(TensorId(0), &params(1)), Lookup::Miss);
+        assert_eq!(put(&mut cache, "d", None, None), Some(0));
         assert_eq!(cache.len(), 2);
     }
 
     #[test]
     fn zero_capacity_stores_nothing() {
         let mut cache = ResponseCache::new(0);
-        assert_eq!(cache.insert("a", resp("a"), Some(req("a", 1))), None);
-        assert_eq!(cache.lookup(&req("a", 1)), Lookup::Miss);
+        assert_eq!(put(&mut cache, "a", Some(0), Some(params(1))), None);
+        assert_eq!(cache.lookup(TensorId(0), &params(1)), Lookup::Miss);
+        cache.touch(0);
+        cache.erase(0);
         assert!(cache.is_empty());
     }
 
@@ -291,8 +371,8 @@ mod tests {
     proptest! {
         /// Two caches fed the same operation sequence (what every rank does
         /// with the agreed responses) assign the same slots, whatever the
-        /// per-rank parameters are; the name index always agrees with the
-        /// slots and the capacity is never exceeded.
+        /// per-rank ids and parameters are; the name and id indexes always
+        /// agree with the slots and the capacity is never exceeded.
         #[test]
         fn slots_match_a_scanning_reference(ops in prop::collection::vec(op(), 0..120), cap in 0usize..6) {
             // The reference: lowest free slot by a scan, else the least
@@ -300,6 +380,7 @@ mod tests {
             let mut reference: Vec<Option<(String, u64)>> = vec![None; cap];
             let mut clock = 0u64;
             let mut cache = ResponseCache::new(cap);
+            let mut other = ResponseCache::new(cap);
             for op in ops {
                 match op {
                     Op::Insert(n) => {
@@ -325,7 +406,9 @@ mod tests {
                             }
                             slot
                         };
-                        prop_assert_eq!(cache.insert(&name, resp(&name), None), expected);
+                        prop_assert_eq!(put(&mut cache, &name, Some(u32::from(n)), Some(params(1))), expected);
+                        // Another rank: other ids, no parameters.
+                        prop_assert_eq!(put(&mut other, &name, Some(u32::from(n) * 7 + 1), None), expected);
                     }
                     Op::Touch(s) => {
                         clock += 1;
@@ -333,41 +416,31 @@ mod tests {
                             *t = clock;
                         }
                         cache.touch(s);
+                        other.touch(s);
                     }
                     Op::Erase(s) => {
                         if let Some(e) = reference.get_mut(s) {
                             *e = None;
                         }
                         cache.erase(s);
+                        other.erase(s);
                     }
                 }
+                prop_assert!(cache.len() <= cap);
                 for (slot, entry) in reference.iter().enumerate() {
-                    prop_assert_eq!(cache.name(slot), entry.as_ref().map(|(m, _)| m.as_str()));
-                }
-            }
-        }
-
-        #[test]
-        fn same_sequence_same_slots(ops in prop::collection::vec(op(), 0..80), cap in 0usize..6) {
-            let mut a = ResponseCache::new(cap);
-            let mut b = ResponseCache::new(cap);
-            for op in ops {
-                match op {
-                    Op::Insert(n) => {
-                        let name = format!("t{n}");
-                        let sa = a.insert(&name, resp(&name), Some(req(&name, 1)));
-                        let sb = b.insert(&name, resp(&name), None);
-                        prop_assert_eq!(sa, sb);
+                    let name = entry.as_ref().map(|(m, _)| m.as_str());
+                    prop_assert_eq!(cache.name(slot), name);
+                    prop_assert_eq!(other.name(slot), name);
+                    if let Some(name) = name {
+                        prop_assert_eq!(cache.slot_of(name), Some(slot));
+                        let id = cache.id(slot).expect("inserted with an id");
+                        prop_assert_eq!(cache.slot_of_id(id), Some(slot));
+                        prop_assert_eq!(cache.lookup(id, &params(1)), Lookup::Hit(slot));
                     }
-                    Op::Touch(s) => { a.touch(s); b.touch(s); }
-                    Op::Erase(s) => { a.erase(s); b.erase(s); }
                 }
-                prop_assert!(a.len() <= cap);
-                for slot in 0..cap {
-                    prop_assert_eq!(a.name(slot), b.name(slot));
-                    if let Some(name) = a.name(slot) {
-                        prop_assert_eq!(a.slot_of(name), Some(slot));
-                    }
+                for n in 0u32..12 {
+                    let name = format!("t{n}");
+                    prop_assert_eq!(cache.slot_of_id(TensorId(n)), cache.slot_of(&name));
                 }
             }
         }

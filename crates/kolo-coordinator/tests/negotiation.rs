@@ -67,9 +67,9 @@ fn run_steps(
                         .map(|t| request(step, rank, t))
                         .collect();
                     let out = coordinator
-                        .cycle(ctrl, requests, false, Instant::now())
+                        .cycle_requests(ctrl, requests, false, Instant::now())
                         .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-                    responses.extend(out.responses);
+                    responses.extend(out.responses.iter().map(|a| (*a.response).clone()));
                     cycle += 1;
                 }
                 per_step.push(responses);
@@ -277,8 +277,9 @@ proptest! {
             let mut run = |requests: Vec<Request>, seen: &mut Vec<Response>| {
                 assert!(cycles < 100, "rank {rank} did not finish");
                 cycles += 1;
-                let out = coordinator.cycle(ctrl, requests, false, Instant::now());
-                seen.extend(out.unwrap_or_else(|e| panic!("rank {rank}: {e}")).responses);
+                let out = coordinator.cycle_requests(ctrl, requests, false, Instant::now());
+                let out = out.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+                seen.extend(out.responses.iter().map(|a| (*a.response).clone()));
             };
             for (step, step_plans) in plans.iter().enumerate().take(steps[rank]) {
                 let mut cycle = 0;

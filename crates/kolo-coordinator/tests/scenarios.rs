@@ -9,7 +9,9 @@ use kolo_protocol::{DataType, ReduceOp, Request, RequestKind, Response, Response
 use std::time::{Duration, Instant};
 
 fn responses(out: &[CycleOutput]) -> Vec<Response> {
-    out.iter().flat_map(|o| o.responses.clone()).collect()
+    out.iter()
+        .flat_map(|o| o.responses.iter().map(|a| (*a.response).clone()))
+        .collect()
 }
 
 fn names(out: &[CycleOutput]) -> Vec<String> {
@@ -162,7 +164,7 @@ fn join_with_uneven_submissions() {
 fn shutdown_names_the_ranks_that_asked() {
     let results = run_ranks(3, &config(4), |rank, coord, ctrl| {
         coord
-            .cycle(ctrl, Vec::new(), rank == 1, Instant::now())
+            .cycle_requests(ctrl, Vec::new(), rank == 1, Instant::now())
             .map_err(|e| e.to_string())
     });
     for out in results {
@@ -195,7 +197,7 @@ fn until_shutdown(
     for s in start..start + 20 {
         let now = t0 + Duration::from_secs(s);
         let out = coord
-            .cycle(ctrl, std::mem::take(&mut requests), false, now)
+            .cycle_requests(ctrl, std::mem::take(&mut requests), false, now)
             .unwrap_or_else(|e| panic!("{e}"));
         let stop = out.shutdown;
         outs.push(out);
@@ -301,7 +303,7 @@ fn rank_zero_reports_timeline_events() {
 fn undecodable_request_list_fails_every_rank_without_hanging() {
     let results = run_ranks(3, &config(8), |rank, coord, ctrl| {
         ctrl.corrupt_gather = rank == 1;
-        coord.cycle(
+        coord.cycle_requests(
             ctrl,
             vec![allreduce(rank, "z", 2, ReduceOp::Sum)],
             false,
@@ -328,7 +330,7 @@ fn wrong_controller_is_an_error() {
     let results = run_ranks(2, &config(8), |rank, _, ctrl| {
         let mut wrong = kolo_coordinator::Coordinator::new(1 - rank, 2, config(8));
         wrong
-            .cycle(ctrl, Vec::new(), false, Instant::now())
+            .cycle_requests(ctrl, Vec::new(), false, Instant::now())
             .map(drop)
             .map_err(|e| e.to_string())
     });

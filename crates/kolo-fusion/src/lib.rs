@@ -38,5 +38,5 @@ mod pack;
 pub use buffers::FusionBuffers;
 pub use error::FusionError;
 pub use execute::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
-pub use fusion_plan::{fused_bytes, plan};
+pub use fusion_plan::{fuse, fused_bytes, plan, plan_groups, FusionPlan};
 pub use pack::{pack, unpack, PARALLEL_COPY_BYTES};

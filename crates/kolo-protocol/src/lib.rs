@@ -49,6 +49,7 @@
 
 pub mod codec;
 pub mod message;
+pub mod params;
 pub mod types;
 pub mod validate;
 
@@ -57,5 +58,6 @@ pub use codec::{
     CodecError, MessageKind, FORMAT_VERSION, HEADER_LEN, MAGIC,
 };
 pub use message::{Request, RequestList, Response, ResponseKind, ResponseList};
+pub use params::{Params, Shape};
 pub use types::{DataType, Device, ReduceOp, RequestKind};
 pub use validate::{try_validate, validate, ValidationError};

@@ -10,14 +10,15 @@ use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
-use crate::scope::HostView;
-use crate::table::Entry;
+use crate::table::{Entry, Input};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use kolo_coordinator::{Coordinator, CoordinatorError, CycleOutput, NegotiationEvent};
+use kolo_coordinator::{
+    Agreed, Coordinator, CoordinatorError, CycleOutput, NegotiationEvent, Submission,
+};
 use kolo_fusion::{Edge, FusionBuffers, Phase};
-use kolo_protocol::{DataType, Request, RequestKind, Response, ResponseKind};
+use kolo_protocol::{DataType, RequestKind, Response, ResponseKind};
 use kolo_timeline::{activity, Timeline};
-use kolo_transport::{with_element_type, Backend, Element};
+use kolo_transport::{with_element_type, Backend, Element, TransportError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,9 +81,11 @@ impl Drop for CloseOnUnwind {
 /// Closes the table with `reason` and fails every entry still in flight.
 fn fail_all(shared: &Shared, reason: Error) {
     let entries = shared.table.lock().close(reason.clone());
-    for entry in entries {
-        entry.completion.complete(Err(reason.clone()));
-    }
+    crate::handle::complete_all(
+        entries
+            .into_iter()
+            .map(|entry| (entry.part, Err(reason.clone()))),
+    );
 }
 
 impl<B: Backend> Engine<B> {
@@ -130,7 +133,10 @@ impl<B: Backend> Engine<B> {
     /// The cycle loop; returns why it stopped.
     fn serve(&mut self) -> Error {
         loop {
-            let (requests, abort) = self.collect();
+            let (requests, abort) = match self.collect() {
+                Ok(collected) => collected,
+                Err(e) => return e,
+            };
             if let Some(message) = abort {
                 if let Some(hook) = self.abort.take() {
                     hook(&mut self.backend, &message);
@@ -162,7 +168,7 @@ impl<B: Backend> Engine<B> {
                 shutdown_ranks,
                 ..
             } = output;
-            self.perform_all(kolo_fusion::plan(responses, self.fusion_threshold));
+            self.perform_all(responses);
             if shutdown {
                 return Error::ShutDown {
                     by_ranks: shutdown_ranks,
@@ -180,7 +186,7 @@ impl<B: Backend> Engine<B> {
     /// collective for this rank would otherwise wait out this rank's cycle
     /// time (up to 1 ms per step). The next cycle's collective itself waits
     /// for the peers (spinning briefly, then yielding, then sleeping).
-    fn collect(&mut self) -> (Vec<Request>, Option<String>) {
+    fn collect(&mut self) -> Result<(Vec<Submission>, Option<String>), Error> {
         let wait = if self.coordinator.pending() > 0 {
             Duration::ZERO
         } else {
@@ -213,8 +219,18 @@ impl<B: Backend> Engine<B> {
             }
         }
         // After the commands: a submitter queues before it sends its wake.
-        let requests = self.shared.table.lock().take_queued();
-        (requests, abort)
+        let shared = Arc::clone(&self.shared);
+        let mut table = shared.table.lock();
+        let (requests, named) = table.take_queued();
+        for (id, name) in named {
+            self.coordinator.register(id, &name).map_err(|e| {
+                Error::Transport(TransportError::Backend(format!(
+                    "internal: the tensor table's ids disagree with the coordinator's: {e}"
+                )))
+            })?;
+        }
+        table.reclaim(|id| self.coordinator.forget(id));
+        Ok((requests, abort))
     }
 
     /// Polls the channel, yielding the CPU, for up to [`POLL_BEFORE_SLEEP`]
@@ -266,10 +282,11 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Performs the (fused) responses of one cycle in order. On the
-    /// timeline every tensor's operation opens when the cycle's responses
-    /// arrive and waits in `QUEUE` until its response runs.
-    fn perform_all(&mut self, responses: Vec<Response>) {
+    /// Performs the responses of one cycle in order, fused (a pure plan
+    /// every rank computes alike, see [`kolo_fusion::plan_groups`]). On
+    /// the timeline every tensor's operation opens when the cycle's
+    /// responses arrive and waits in `QUEUE` until its response runs.
+    fn perform_all(&mut self, responses: Vec<Agreed>) {
         if self.timeline.is_enabled() {
             for response in &responses {
                 if let ResponseKind::Op(kind) = response.kind {
@@ -280,46 +297,80 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        for response in responses {
-            self.perform(response);
+        let refs: Vec<&Response> = responses.iter().map(|a| &*a.response).collect();
+        let plan = kolo_fusion::plan_groups(&refs, self.fusion_threshold);
+        for members in plan.groups() {
+            self.perform(&responses, members);
         }
     }
 
-    /// Performs one response: fails its tensors, or runs its collective.
-    fn perform(&mut self, response: Response) {
-        let ResponseKind::Op(kind) = response.kind else {
-            self.fail_tensors(&response);
+    /// Takes this rank's entries for the tensors of `members` out of the
+    /// table, in order (`None` where this rank has none).
+    fn take_entries(&self, responses: &[Agreed], members: &[usize]) -> Vec<Option<Entry>> {
+        let mut table = self.shared.table.lock();
+        let mut slots = Vec::with_capacity(members.len());
+        for &m in members {
+            let agreed = &responses[m];
+            match (agreed.id, agreed.tensor_names.as_slice()) {
+                (Some(id), [_]) => slots.push(table.take(id)),
+                (_, names) => slots.extend(names.iter().map(|name| table.take_named(name))),
+            }
+        }
+        slots
+    }
+
+    /// Performs one group of the plan: fails its tensors, or runs its
+    /// collective.
+    fn perform(&mut self, responses: &[Agreed], members: &[usize]) {
+        let parts: Vec<&Response> = members.iter().map(|&m| &*responses[m].response).collect();
+        let Some(&head) = parts.first() else {
             return;
         };
-        let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
+        let ResponseKind::Op(kind) = head.kind else {
+            for &m in members {
+                self.fail_tensors(&responses[m]);
+            }
+            return;
+        };
+        let names: Vec<&str> = if self.timeline.is_enabled() {
+            parts
+                .iter()
+                .flat_map(|r| r.tensor_names.iter().map(String::as_str))
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.timeline.activity_end_all(&names);
-        let slots: Vec<Option<Entry>> = {
-            let mut table = self.shared.table.lock();
-            names.iter().map(|name| table.take(name)).collect()
-        };
+        let slots = self.take_entries(responses, members);
         if kind != RequestKind::Join {
-            self.shared.stats.lock().record_operation(names.len());
+            self.shared.stats.lock().record_operation(slots.len());
         }
-        tracing::trace!(rank = self.rank, %kind, tensors = ?names, "performing");
-        if crate::device::on_device(&response) {
-            self.perform_device(kind, &response, slots);
+        tracing::trace!(rank = self.rank, %kind, tensors = slots.len(), "performing");
+        if crate::device::on_device(head) {
+            let fused = kolo_fusion::fuse(&parts);
+            self.perform_device(kind, &fused, slots);
             return;
         }
-        let r = &response;
         match kind {
             RequestKind::Allreduce => {
-                with_element_type!(r.dtype, T => self.allreduce::<T>(r, slots))
+                with_element_type!(head.dtype, T => self.allreduce::<T>(&parts, &names, slots))
             }
             RequestKind::ReduceScatter => {
+                let r = &kolo_fusion::fuse(&parts);
                 with_element_type!(r.dtype, T => self.reduce_scatter::<T>(r, slots))
             }
             RequestKind::Allgather => {
+                let r = &kolo_fusion::fuse(&parts);
                 with_element_type!(r.dtype, T => self.allgather::<T>(r, slots))
             }
             RequestKind::Broadcast => {
+                let r = &kolo_fusion::fuse(&parts);
                 with_element_type!(r.dtype, T => self.broadcast::<T>(r, slots))
             }
-            RequestKind::Alltoall => with_element_type!(r.dtype, T => self.alltoall::<T>(r, slots)),
+            RequestKind::Alltoall => {
+                let r = &kolo_fusion::fuse(&parts);
+                with_element_type!(r.dtype, T => self.alltoall::<T>(r, slots))
+            }
             RequestKind::Barrier | RequestKind::Join => {
                 // The negotiation itself gathered every rank for a join; a
                 // barrier also runs the backend's.
@@ -327,12 +378,11 @@ impl<B: Backend> Engine<B> {
                     RequestKind::Barrier => self.backend.barrier().map_err(Error::from_transport),
                     _ => Ok(()),
                 };
-                for (name, slot) in names.iter().zip(slots) {
+                let names = parts.iter().flat_map(|r| r.tensor_names.iter());
+                for (name, slot) in names.zip(slots) {
                     self.timeline.op_end(name, "", &[]);
                     if let Some(entry) = slot {
-                        entry
-                            .completion
-                            .complete(result.clone().map(|()| Box::new(()) as Payload));
+                        entry.complete(result.clone().map(|()| Box::new(()) as Payload));
                     }
                 }
             }
@@ -340,15 +390,15 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Fails the tensors of an error response with its message.
-    fn fail_tensors(&mut self, response: &Response) {
-        for name in &response.tensor_names {
-            let entry = self.shared.table.lock().take(name);
-            self.shared.stats.lock().failed_tensors += 1;
-            tracing::debug!(rank = self.rank, tensor = %name, message = %response.error_message, "tensor failed");
-            if let Some(entry) = entry {
-                entry
-                    .completion
-                    .complete(Err(Error::from_response(name, &response.error_message)));
+    fn fail_tensors(&mut self, agreed: &Agreed) {
+        let slots = self.take_entries(std::slice::from_ref(agreed), &[0]);
+        let mut stats = self.shared.stats.lock();
+        stats.failed_tensors += agreed.tensor_names.len() as u64;
+        drop(stats);
+        for (name, slot) in agreed.tensor_names.iter().zip(slots) {
+            tracing::debug!(rank = self.rank, tensor = %name, message = %agreed.error_message, "tensor failed");
+            if let Some(entry) = slot {
+                entry.complete(Err(Error::from_response(name, &agreed.error_message)));
             }
         }
     }
@@ -366,7 +416,7 @@ impl<B: Backend> Engine<B> {
     ) {
         self.timeline.op_end(name, dtype.name(), shape);
         if let Some(entry) = slot {
-            entry.completion.complete(result);
+            entry.complete(result);
         }
     }
 }
@@ -395,72 +445,25 @@ pub(crate) fn observer<'t>(
 /// type than the response's (a kolo bug) fails the entry and reads as
 /// absent, so that this rank still takes part in the collective.
 pub(crate) fn take_input<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<Vec<T>> {
-    match take_in_out::<T>(name, slot)? {
-        InOut::Owned(data) => Some(data),
-        InOut::Lent(_) => {
-            // Only allreduces are lent (see `crate::scope`).
-            if let Some(entry) = slot.take() {
-                entry.completion.complete(Err(Error::Collective {
-                    tensor: name.to_owned(),
-                    message: "internal: a lent tensor reached an operation other than allreduce"
-                        .into(),
-                }));
-            }
-            None
-        }
-    }
-}
-
-/// A tensor the engine works on in place: its own copy, or the caller's
-/// memory lent for a scope.
-pub(crate) enum InOut<T> {
-    Owned(Vec<T>),
-    Lent(HostView<T>),
-}
-
-impl<T> InOut<T> {
-    /// The elements.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
-        match self {
-            InOut::Owned(data) => data,
-            InOut::Lent(view) => view.as_mut_slice(),
-        }
-    }
-}
-
-impl<T: Send + 'static> InOut<T> {
-    /// The payload completing the tensor's handle, and what must outlive
-    /// the completion: a lent tensor's view, whose lease is returned (and
-    /// the scope released) only after the handle completed.
-    pub(crate) fn into_output(self) -> (Payload, Option<HostView<T>>) {
-        match self {
-            InOut::Owned(data) => (Box::new(data), None),
-            InOut::Lent(view) => (Box::new(()), Some(view)),
-        }
-    }
-}
-
-/// Moves the input out of `slot`, owned or lent. An input of another type
-/// than the response's (a kolo bug) fails the entry and reads as absent.
-pub(crate) fn take_in_out<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<InOut<T>> {
     let entry = slot.as_mut()?;
-    let input = std::mem::replace(&mut entry.input, Box::new(()));
-    let input = match input.downcast::<Vec<T>>() {
-        Ok(data) => return Some(InOut::Owned(*data)),
-        Err(other) => other,
-    };
-    match input.downcast::<HostView<T>>() {
-        Ok(view) => Some(InOut::Lent(*view)),
-        Err(_) => {
-            if let Some(entry) = slot.take() {
-                entry.completion.complete(Err(Error::Collective {
-                    tensor: name.to_owned(),
-                    message: format!("internal: the input is not of the agreed type {}", T::DTYPE),
-                }));
-            }
-            None
+    let problem = match std::mem::replace(&mut entry.input, Input::None) {
+        Input::Owned(payload) => match payload.downcast::<Vec<T>>() {
+            Ok(data) => return Some(*data),
+            Err(_) => format!("internal: the input is not of the agreed type {}", T::DTYPE),
+        },
+        // Only allreduces are lent (see `crate::scope`).
+        Input::Lent(_) => {
+            "internal: a lent tensor reached an operation other than allreduce".to_owned()
         }
+        Input::None => "internal: the tensor has no input".to_owned(),
+    };
+    if let Some(entry) = slot.take() {
+        entry.complete(Err(Error::Collective {
+            tensor: name.to_owned(),
+            message: problem,
+        }));
     }
+    None
 }
 
 /// An element count from the protocol as `usize` (0 if it does not fit:

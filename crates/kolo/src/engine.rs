@@ -7,11 +7,12 @@ use crate::background::{self, Command};
 use crate::config::Config;
 use crate::device::DevicePlane;
 use crate::error::Error;
-use crate::handle::{Completion, Payload};
+use crate::handle::{Completion, TensorNames};
+use crate::lease::Lease;
 use crate::stats::Stats;
-use crate::table::{Entry, Table};
+use crate::table::{Input, Item, Table};
 use crossbeam_channel::Sender;
-use kolo_protocol::{DataType, Request, RequestKind};
+use kolo_protocol::Params;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use parking_lot::Mutex;
@@ -28,6 +29,38 @@ type Topology = (usize, usize, Option<usize>);
 pub(crate) struct Shared {
     pub table: Mutex<Table>,
     pub stats: Mutex<Stats>,
+}
+
+/// The tensors of one submission, gathered before they enter the table.
+pub(crate) struct Group<'n> {
+    items: Vec<Item<'n>>,
+    names: TensorNames,
+    /// The handle gets each tensor's output.
+    payloads: bool,
+    /// Released once every tensor is done (a scope's claim on lent memory).
+    lease: Option<Lease>,
+}
+
+impl<'n> Group<'n> {
+    /// An empty submission with room for `capacity` tensors.
+    pub(crate) fn new(capacity: usize, payloads: bool, lease: Option<Lease>) -> Self {
+        Group {
+            items: Vec::with_capacity(capacity),
+            names: TensorNames::with_capacity(capacity),
+            payloads,
+            lease,
+        }
+    }
+
+    /// Adds a tensor.
+    pub(crate) fn push(&mut self, name: &'n str, params: Params, input: Input) {
+        self.names.push(name);
+        self.items.push(Item {
+            name,
+            params,
+            input,
+        });
+    }
 }
 
 /// One rank's entry point: submits collectives to the background engine.
@@ -233,79 +266,48 @@ impl Kolo {
         })
     }
 
-    /// A request of this rank with neutral defaults.
-    pub(crate) fn request(
+    /// Submits one tensor whose handle gets an output (the engine's copy
+    /// of the result).
+    pub(crate) fn submit_one(
         &self,
         name: &str,
-        kind: RequestKind,
-        dtype: DataType,
-        shape: Vec<u64>,
-    ) -> Request {
-        Request::new(self.rank as u32, name, kind, dtype, shape)
-    }
-
-    /// Submits one request with the engine's copy of its input.
-    pub(crate) fn submit(
-        &self,
-        request: Request,
-        input: Payload,
+        params: Params,
+        input: Input,
     ) -> Result<Arc<Completion>, Error> {
-        let completion = Completion::new();
-        let entry = Entry {
-            request: request.clone(),
-            input,
-            completion: Arc::clone(&completion),
-        };
-        self.enqueue(vec![entry], vec![request])?;
-        Ok(completion)
+        let mut group = Group::new(1, true, None);
+        group.push(name, params, input);
+        self.submit(group)
     }
 
-    /// Submits several requests at once (they reach the same cycle, so
-    /// they can fuse); all or none are accepted.
-    pub(crate) fn submit_all(
-        &self,
-        items: Vec<(Request, Payload)>,
-    ) -> Result<Vec<Arc<Completion>>, Error> {
-        self.submit_with(
-            items
-                .into_iter()
-                .map(|(request, input)| (request, input, Completion::new()))
-                .collect(),
-        )
-    }
-
-    /// [`Kolo::submit_all`] with the completions made by the caller (a
-    /// scope's lent tensors hold theirs).
-    pub(crate) fn submit_with(
-        &self,
-        items: Vec<(Request, Payload, Arc<Completion>)>,
-    ) -> Result<Vec<Arc<Completion>>, Error> {
-        let mut requests = Vec::with_capacity(items.len());
-        let mut entries = Vec::with_capacity(items.len());
-        let mut completions = Vec::with_capacity(items.len());
-        for (request, input, completion) in items {
-            requests.push(request.clone());
-            completions.push(Arc::clone(&completion));
-            entries.push(Entry {
-                request,
-                input,
-                completion,
-            });
+    /// Submits the tensors of `group` together (they reach the same cycle,
+    /// so they can fuse); all or none are accepted. Returns the
+    /// submission's completion.
+    pub(crate) fn submit(&self, group: Group<'_>) -> Result<Arc<Completion>, Error> {
+        let Group {
+            items,
+            names,
+            payloads,
+            lease,
+        } = group;
+        let completion = Completion::new(names, payloads, lease);
+        if items.is_empty() {
+            return Ok(completion);
         }
-        self.enqueue(entries, requests)?;
-        Ok(completions)
-    }
-
-    /// Puts `entries` in the tensor table, queues their requests and wakes
-    /// the engine if it may be asleep.
-    fn enqueue(&self, entries: Vec<Entry>, requests: Vec<Request>) -> Result<(), Error> {
-        let wake = self.shared.table.lock().insert_all(entries, requests)?;
-        if wake {
-            // If the engine stopped since, it closed the table and failed
-            // these entries already: their handles report why.
-            let _ = self.commands.send(Command::Wake);
+        let inserted = self.shared.table.lock().insert(items, &completion);
+        match inserted {
+            Ok(wake) => {
+                if wake {
+                    // If the engine stopped since, it closed the table and
+                    // failed these entries already: the handle reports why.
+                    let _ = self.commands.send(Command::Wake);
+                }
+                Ok(completion)
+            }
+            Err(e) => {
+                completion.abandon();
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     /// The next name of an internal barrier (the same sequence on every

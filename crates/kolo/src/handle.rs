@@ -8,8 +8,15 @@
 //! discards the result; the operation still runs on every rank. (In a scope
 //! the engine works on the lent buffers in place, and the scope, not the
 //! handle, keeps them borrowed until the engine is done.)
+//!
+//! One submission — a single tensor or a group — has one [`Completion`]:
+//! the engine completes the submission's tensors ([`Part`]s) one by one or
+//! a fused run at a time, and the submission is done, its waiter woken
+//! once, when the last part is in.
 
 use crate::error::Error;
+use crate::lease::Lease;
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::future::Future;
@@ -20,81 +27,155 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// How long [`Completion::wait`] yields the CPU while polling before it
-/// sleeps on the condition variable. The engine completes the tensors of a
-/// fused operation one after another within microseconds: a waiter that
-/// slept on each would pay a futex wake-up and a context switch per tensor.
+/// sleeps on the condition variable: the engine completes a step's tensors
+/// within microseconds of each other, and sleeping would cost a futex
+/// wake-up and a context switch.
 const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 /// The engine's result for one tensor: its output buffer, type-erased.
 pub(crate) type Payload = Box<dyn Any + Send>;
 
-/// Where the engine leaves the result of one tensor's operation.
+/// Where the engine leaves the results of one submission's tensors.
 pub(crate) struct Completion {
+    /// The submission's tensors, in part order.
+    names: TensorNames,
     state: Mutex<State>,
     done: Condvar,
-    /// Set (after `state`) once done: lets waiters poll without the lock.
-    finished: AtomicBool,
+    /// Set (after `state`) once every part is in: lets waiters poll
+    /// without the lock. On a line of its own, away from the lock and the
+    /// reference count that the engine's thread writes.
+    finished: CachePadded<AtomicBool>,
 }
 
-enum State {
-    Pending(Option<Waker>),
-    Done(Result<Payload, Error>),
-    Taken,
+struct State {
+    /// Parts not completed yet.
+    remaining: usize,
+    /// Each part's output, when the submission returns outputs (empty
+    /// otherwise: a lent allreduce returns nothing).
+    payloads: Vec<Option<Payload>>,
+    /// The error of the lowest-numbered failed part.
+    error: Option<(u32, Error)>,
+    waker: Option<Waker>,
+    /// Held until every part is in: the claim of a scope on the caller's
+    /// memory, released only after the engine's last access to it.
+    lease: Option<Lease>,
+    /// The results were handed out.
+    taken: bool,
 }
+
+/// What a done submission delivered.
+pub(crate) type Outcome = Result<Vec<Payload>, Error>;
 
 impl Completion {
-    /// A completion still pending.
-    pub(crate) fn new() -> Arc<Completion> {
-        Arc::new(Completion {
-            state: Mutex::new(State::Pending(None)),
+    /// A submission of the tensors `names` (one part each), pending;
+    /// `payloads` says whether the parts deliver outputs. `lease` is
+    /// released once every part is in (at once for no parts).
+    pub(crate) fn new(names: TensorNames, payloads: bool, lease: Option<Lease>) -> Arc<Completion> {
+        let parts = names.len();
+        let completion = Arc::new(Completion {
+            names,
+            state: Mutex::new(State {
+                remaining: parts,
+                payloads: if payloads {
+                    (0..parts).map(|_| None).collect()
+                } else {
+                    Vec::new()
+                },
+                error: None,
+                waker: None,
+                lease,
+                taken: false,
+            }),
             done: Condvar::new(),
-            finished: AtomicBool::new(false),
-        })
+            finished: CachePadded::new(AtomicBool::new(false)),
+        });
+        if parts == 0 {
+            completion.finish(&mut completion.state.lock());
+        }
+        completion
     }
 
-    /// Completes with `result`; a completion already done keeps its first
-    /// result.
-    pub(crate) fn complete(&self, result: Result<Payload, Error>) {
-        let waker = {
-            let mut state = self.state.lock();
-            let State::Pending(waker) = &mut *state else {
-                return;
-            };
-            let waker = waker.take();
-            *state = State::Done(result);
-            self.finished.store(true, Ordering::Release);
-            waker
-        };
+    /// Gives up a submission that never reached the engine: no part will
+    /// complete; the lease is released now.
+    pub(crate) fn abandon(&self) {
+        let mut state = self.state.lock();
+        state.remaining = 0;
+        drop(state.lease.take());
+    }
+
+    /// The part `index` of this submission, for the engine.
+    pub(crate) fn part(self: &Arc<Self>, index: usize) -> Part {
+        Part {
+            completion: Some(Arc::clone(self)),
+            index: index as u32,
+        }
+    }
+
+    /// Records one part's result (under the lock).
+    fn record(state: &mut State, index: u32, result: Result<Payload, Error>) {
+        match result {
+            Ok(payload) => {
+                if let Some(slot) = state.payloads.get_mut(index as usize) {
+                    *slot = Some(payload);
+                }
+            }
+            Err(error) => {
+                if state.error.as_ref().is_none_or(|(at, _)| index < *at) {
+                    state.error = Some((index, error));
+                }
+            }
+        }
+        state.remaining = state.remaining.saturating_sub(1);
+    }
+
+    /// Marks the submission done once the last part is in: releases the
+    /// lease, sets `finished` and wakes the waiters.
+    fn finish(&self, state: &mut State) {
+        if state.remaining > 0 || self.finished.load(Ordering::Relaxed) {
+            return;
+        }
+        drop(state.lease.take());
+        self.finished.store(true, Ordering::Release);
         self.done.notify_all();
-        if let Some(waker) = waker {
+        if let Some(waker) = state.waker.take() {
             waker.wake();
         }
     }
 
-    fn is_done(&self) -> bool {
-        !matches!(*self.state.lock(), State::Pending(_))
+    /// Completes the parts `index` of this submission with their results.
+    fn complete(&self, parts: impl IntoIterator<Item = (u32, Result<Payload, Error>)>) {
+        let mut state = self.state.lock();
+        for (index, result) in parts {
+            Completion::record(&mut state, index, result);
+        }
+        self.finish(&mut state);
     }
 
-    /// Blocks until done and takes the result: polls (yielding the CPU)
+    /// True once every part is in.
+    fn is_done(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    /// Blocks until done and takes the results: polls (yielding the CPU)
     /// for [`POLL_BEFORE_SLEEP`], then sleeps on the condition variable.
-    fn wait(&self) -> Option<Result<Payload, Error>> {
+    fn wait(&self) -> Option<Outcome> {
         let start = Instant::now();
-        while !self.finished.load(Ordering::Acquire) && start.elapsed() < POLL_BEFORE_SLEEP {
+        while !self.is_done() && start.elapsed() < POLL_BEFORE_SLEEP {
             std::thread::yield_now();
         }
         let mut state = self.state.lock();
-        while matches!(*state, State::Pending(_)) {
+        while !self.finished.load(Ordering::Acquire) {
             self.done.wait(&mut state);
         }
         take(&mut state)
     }
 
-    /// Takes the result if done; otherwise remembers `waker` (if any).
-    fn try_take(&self, waker: Option<&Waker>) -> Option<Result<Payload, Error>> {
+    /// Takes the results if done; otherwise remembers `waker` (if any).
+    fn try_take(&self, waker: Option<&Waker>) -> Option<Outcome> {
         let mut state = self.state.lock();
-        if let State::Pending(slot) = &mut *state {
+        if !self.finished.load(Ordering::Acquire) {
             if let Some(waker) = waker {
-                *slot = Some(waker.clone());
+                state.waker = Some(waker.clone());
             }
             return None;
         }
@@ -102,27 +183,135 @@ impl Completion {
     }
 }
 
-/// Takes a done result out of `state`, leaving `Taken`.
-fn take(state: &mut State) -> Option<Result<Payload, Error>> {
-    match std::mem::replace(state, State::Taken) {
-        State::Done(result) => Some(result),
-        other => {
-            *state = other;
-            None
+/// Takes a done submission's results out of `state`, once.
+fn take(state: &mut State) -> Option<Outcome> {
+    if std::mem::replace(&mut state.taken, true) {
+        return None;
+    }
+    if let Some((_, error)) = state.error.take() {
+        return Some(Err(error));
+    }
+    Some(Ok(std::mem::take(&mut state.payloads)
+        .into_iter()
+        .map(|p| p.unwrap_or_else(|| Box::new(())))
+        .collect()))
+}
+
+/// One tensor of a submission, as the engine holds it: completing it (or
+/// dropping it, which fails it) counts it in.
+pub(crate) struct Part {
+    completion: Option<Arc<Completion>>,
+    index: u32,
+}
+
+impl Part {
+    /// Completes this tensor with `result`.
+    pub(crate) fn complete(mut self, result: Result<Payload, Error>) {
+        if let Some(completion) = self.completion.take() {
+            completion.complete([(self.index, result)]);
         }
+    }
+}
+
+impl Drop for Part {
+    /// A part dropped unperformed (the engine unwound, or a kolo bug) fails
+    /// its tensor instead of leaving the waiter — or a scope — waiting.
+    fn drop(&mut self) {
+        if let Some(completion) = self.completion.take() {
+            let tensor = completion.names.get(self.index as usize).to_owned();
+            completion.complete([(
+                self.index,
+                Err(Error::Collective {
+                    tensor,
+                    message: "internal: the engine dropped the tensor without performing it".into(),
+                }),
+            )]);
+        }
+    }
+}
+
+/// Completes every part with its result, taking each submission's lock
+/// once per run of consecutive parts of that submission (a fused response
+/// usually holds one submission's tensors back to back).
+pub(crate) fn complete_all(parts: impl IntoIterator<Item = (Part, Result<Payload, Error>)>) {
+    let mut run: Option<Arc<Completion>> = None;
+    let mut batch: Vec<(u32, Result<Payload, Error>)> = Vec::new();
+    for (mut part, result) in parts {
+        let Some(completion) = part.completion.take() else {
+            continue;
+        };
+        if let Some(current) = &run {
+            if !Arc::ptr_eq(current, &completion) {
+                current.complete(batch.drain(..));
+                run = None;
+            }
+        }
+        batch.push((part.index, result));
+        run.get_or_insert(completion);
+    }
+    if let Some(current) = run {
+        current.complete(batch);
+    }
+}
+
+/// The names of a handle's tensors, in one buffer.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TensorNames {
+    text: String,
+    ends: Vec<u32>,
+}
+
+impl TensorNames {
+    /// Room for `tensors` names.
+    pub(crate) fn with_capacity(tensors: usize) -> Self {
+        TensorNames {
+            text: String::with_capacity(tensors * 8),
+            ends: Vec::with_capacity(tensors),
+        }
+    }
+
+    /// Appends `name`.
+    pub(crate) fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        self.ends.push(self.text.len() as u32);
+    }
+
+    /// The names, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> {
+        let mut start = 0usize;
+        self.ends.iter().map(move |&end| {
+            let name = self.text.get(start..end as usize).unwrap_or("");
+            start = end as usize;
+            name
+        })
+    }
+
+    /// The first name ("" for none).
+    pub(crate) fn first(&self) -> &str {
+        self.get(0)
+    }
+
+    /// Name `index` ("" when out of range).
+    pub(crate) fn get(&self, index: usize) -> &str {
+        let start = match index.checked_sub(1) {
+            None => 0,
+            Some(before) => self.ends.get(before).map_or(usize::MAX, |&e| e as usize),
+        };
+        self.ends
+            .get(index)
+            .and_then(|&end| self.text.get(start..end as usize))
+            .unwrap_or("")
+    }
+
+    /// Number of names.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
     }
 }
 
 /// Turns the payloads of every tensor of a handle into its output (copying
 /// results into the caller's buffers).
 type Finish<'a, O> = Box<dyn FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a>;
-
-/// One tensor of a handle.
-struct Part {
-    tensor: String,
-    completion: Arc<Completion>,
-    result: Option<Result<Payload, Error>>,
-}
 
 /// An operation in flight, borrowing the caller's output buffer (if any)
 /// for `'a`.
@@ -134,41 +323,32 @@ struct Part {
 /// untouched.
 #[must_use = "an operation's result (and error) is only seen through its handle"]
 pub struct Handle<'a, O> {
-    parts: Vec<Part>,
+    completion: Arc<Completion>,
     finish: Option<Finish<'a, O>>,
 }
 
 impl<'a, O> Handle<'a, O> {
-    /// A handle over the completions of `parts` (tensor name, completion);
-    /// `finish` turns their payloads, in order, into the output.
+    /// A handle over the submission `completion`; `finish` turns its
+    /// payloads, in order, into the output.
     pub(crate) fn new(
-        parts: Vec<(String, Arc<Completion>)>,
+        completion: Arc<Completion>,
         finish: impl FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a,
     ) -> Self {
         Handle {
-            parts: parts
-                .into_iter()
-                .map(|(tensor, completion)| Part {
-                    tensor,
-                    completion,
-                    result: None,
-                })
-                .collect(),
+            completion,
             finish: Some(Box::new(finish)),
         }
     }
 
     /// The names of the tensors the handle waits for.
     pub fn tensors(&self) -> impl Iterator<Item = &str> {
-        self.parts.iter().map(|p| p.tensor.as_str())
+        self.completion.names.iter()
     }
 
     /// True once every tensor's operation completed (then [`Handle::wait`]
     /// returns at once).
     pub fn is_complete(&self) -> bool {
-        self.parts
-            .iter()
-            .all(|p| p.result.is_some() || p.completion.is_done())
+        self.completion.is_done()
     }
 
     /// The result if the operation completed (written into the caller's
@@ -181,42 +361,21 @@ impl<'a, O> Handle<'a, O> {
     /// Blocks until the operation completed and returns its result, written
     /// into the caller's buffer.
     pub fn wait(mut self) -> Result<O, Error> {
-        let first = self
-            .parts
-            .first()
-            .map(|p| p.tensor.clone())
-            .unwrap_or_default();
         self.advance(Completion::wait)
-            .unwrap_or_else(|| Err(spent(&first)))
+            .unwrap_or_else(|| Err(spent(self.completion.names.first())))
     }
 
-    /// Collects the parts' results with `take`; once all are in, finishes.
+    /// Takes the results with `take`; once they are in, finishes.
     fn advance(
         &mut self,
-        mut take: impl FnMut(&Completion) -> Option<Result<Payload, Error>>,
+        take: impl FnOnce(&Completion) -> Option<Outcome>,
     ) -> Option<Result<O, Error>> {
         if self.finish.is_none() {
-            let first = self.parts.first().map_or("", |p| p.tensor.as_str());
-            return Some(Err(spent(first)));
+            return Some(Err(spent(self.completion.names.first())));
         }
-        let mut pending = false;
-        for part in self.parts.iter_mut().filter(|p| p.result.is_none()) {
-            part.result = take(&part.completion);
-            pending |= part.result.is_none();
-        }
-        if pending {
-            return None;
-        }
+        let outcome = take(&self.completion)?;
         let finish = self.finish.take()?;
-        let mut payloads = Vec::with_capacity(self.parts.len());
-        for part in &mut self.parts {
-            match part.result.take() {
-                Some(Ok(payload)) => payloads.push(payload),
-                Some(Err(error)) => return Some(Err(error)),
-                None => return Some(Err(spent(&part.tensor))),
-            }
-        }
-        Some(finish(payloads))
+        Some(outcome.and_then(finish))
     }
 }
 
@@ -243,11 +402,14 @@ impl<O> Future for Handle<'_, O> {
 
 impl<O> std::fmt::Debug for Handle<'_, O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = &self.completion.names;
+        let mut shown: Vec<&str> = names.iter().take(8).collect();
+        let more = format!("... {} tensors", names.len());
+        if names.len() > 8 {
+            shown.push(&more);
+        }
         f.debug_struct("Handle")
-            .field(
-                "tensors",
-                &self.parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(),
-            )
+            .field("tensors", &shown)
             .field("complete", &self.is_complete())
             .finish()
     }
@@ -257,19 +419,25 @@ impl<O> std::fmt::Debug for Handle<'_, O> {
 mod tests {
     use super::*;
 
-    fn handle_of(completions: &[Arc<Completion>]) -> Handle<'static, usize> {
-        let parts = completions
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (format!("t{i}"), Arc::clone(c)))
-            .collect();
-        Handle::new(parts, |payloads: Vec<Payload>| Ok(payloads.len()))
+    fn names(n: usize) -> TensorNames {
+        let mut names = TensorNames::with_capacity(n);
+        for i in 0..n {
+            names.push(&format!("t{i}"));
+        }
+        names
+    }
+
+    fn handle_of(completion: &Arc<Completion>) -> Handle<'static, usize> {
+        Handle::new(Arc::clone(completion), |payloads: Vec<Payload>| {
+            Ok(payloads.len())
+        })
     }
 
     #[test]
     fn poll_then_complete() {
-        let (a, b) = (Completion::new(), Completion::new());
-        let mut h = handle_of(&[a.clone(), b.clone()]);
+        let c = Completion::new(names(2), true, None);
+        let mut h = handle_of(&c);
+        let (a, b) = (c.part(0), c.part(1));
         assert!(h.poll().is_none());
         a.complete(Ok(Box::new(1u8)));
         assert!(!h.is_complete());
@@ -278,32 +446,80 @@ mod tests {
         assert!(h.is_complete());
         assert_eq!(h.poll(), Some(Ok(2)));
         assert!(matches!(h.poll(), Some(Err(Error::InvalidArgument { .. }))));
+        assert_eq!(h.tensors().collect::<Vec<_>>(), ["t0", "t1"]);
     }
 
     #[test]
-    fn the_first_error_wins_and_later_completions_are_ignored() {
-        let (a, b) = (Completion::new(), Completion::new());
-        let h = handle_of(&[a.clone(), b.clone()]);
-        b.complete(Err(Error::ShutDown { by_ranks: vec![1] }));
-        b.complete(Ok(Box::new(0u8)));
-        a.complete(Ok(Box::new(0u8)));
+    fn the_lowest_failed_part_wins() {
+        let c = Completion::new(names(3), false, None);
+        let h = handle_of(&c);
+        c.part(2)
+            .complete(Err(Error::ShutDown { by_ranks: vec![2] }));
+        c.part(1)
+            .complete(Err(Error::ShutDown { by_ranks: vec![1] }));
+        c.part(0).complete(Ok(Box::new(0u8)));
         assert_eq!(h.wait(), Err(Error::ShutDown { by_ranks: vec![1] }));
     }
 
     #[test]
+    fn a_dropped_part_fails_the_handle() {
+        let c = Completion::new(names(1), false, None);
+        let h = handle_of(&c);
+        drop(c.part(0));
+        match h.wait() {
+            Err(Error::Collective { tensor, .. }) => assert_eq!(tensor, "t0"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn complete_all_batches_runs_of_one_submission() {
+        let (x, y) = (
+            Completion::new(names(2), true, None),
+            Completion::new(names(1), true, None),
+        );
+        let parts = vec![
+            (x.part(1), Ok(Box::new(10u8) as Payload)),
+            (y.part(0), Ok(Box::new(20u8) as Payload)),
+            (x.part(0), Ok(Box::new(30u8) as Payload)),
+        ];
+        complete_all(parts);
+        let hx = Handle::new(Arc::clone(&x), |p: Vec<Payload>| {
+            Ok(p.into_iter()
+                .map(|p| *p.downcast::<u8>().unwrap())
+                .collect::<Vec<_>>())
+        });
+        assert_eq!(hx.wait(), Ok(vec![30, 10]));
+        assert!(y.is_done());
+    }
+
+    #[test]
+    fn no_parts_is_done_at_once_and_releases_its_lease() {
+        let leases = Arc::new(crate::lease::Leases::default());
+        let c = Completion::new(names(0), false, Some(leases.lease()));
+        assert!(c.is_done());
+        leases.wait_all();
+        let d = Completion::new(names(1), false, Some(leases.lease()));
+        d.abandon();
+        leases.wait_all();
+    }
+
+    #[test]
     fn wait_blocks_until_another_thread_completes() {
-        let a = Completion::new();
-        let h = handle_of(std::slice::from_ref(&a));
-        let t = std::thread::spawn(move || a.complete(Ok(Box::new(()))));
-        assert_eq!(h.wait(), Ok(1));
+        let c = Completion::new(names(1), false, None);
+        let h = handle_of(&c);
+        let part = c.part(0);
+        let t = std::thread::spawn(move || part.complete(Ok(Box::new(()))));
+        assert_eq!(h.wait(), Ok(0));
         t.join().unwrap();
     }
 
     #[test]
     fn await_completes() {
-        let a = Completion::new();
-        let h = handle_of(std::slice::from_ref(&a));
-        let t = std::thread::spawn(move || a.complete(Ok(Box::new(()))));
+        let c = Completion::new(names(1), true, None);
+        let h = handle_of(&c);
+        let part = c.part(0);
+        let t = std::thread::spawn(move || part.complete(Ok(Box::new(()))));
         assert_eq!(futures_executor::block_on(h), Ok(1));
         t.join().unwrap();
     }

@@ -11,14 +11,16 @@
 //! The blocking [`Kolo::allreduce`] and [`Kolo::grouped_allreduce`] run in
 //! a scope of their own.
 
-use crate::engine::Kolo;
+use crate::engine::{Group, Kolo};
 use crate::error::Error;
-use crate::handle::{Completion, Handle, Payload};
-use crate::lease::{Lease, ScopeCore};
+use crate::handle::Handle;
+use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
+use crate::table::Input;
 use crate::tensor::{shape_problem, TensorMut};
-use kolo_protocol::{Request, RequestKind};
+use kolo_protocol::RequestKind;
 use kolo_transport::Element;
+use std::any::TypeId;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -36,43 +38,50 @@ impl std::fmt::Debug for Scope<'_, '_> {
 }
 
 /// A caller's tensor lent to the engine for a scope: the engine reads and
-/// writes it in place. Dropping it returns the lease — after the engine's
-/// last access — and, if the engine never completed the tensor (its thread
-/// unwound), fails the tensor's handle instead of leaving it pending.
-pub(crate) struct HostView<T> {
-    ptr: NonNull<T>,
+/// writes it in place. The submission it belongs to holds a lease of the
+/// scope, which it returns once its last tensor completed — after the
+/// engine's last access to every one of its tensors.
+pub(crate) struct Lent {
+    ptr: NonNull<u8>,
     len: usize,
-    completion: Arc<Completion>,
-    /// The engine's rank, for the error of a tensor dropped unperformed.
-    rank: usize,
-    _lease: Lease,
+    element: TypeId,
 }
 
-// SAFETY: a `HostView<T>` stands for the `&'scope mut [T]` it was made
-// from, which the scope keeps borrowed (nothing else can reach the memory)
-// until every lease is back; moving that exclusive access to the engine's
-// thread is sound when `T` itself may move between threads.
-unsafe impl<T: Send> Send for HostView<T> {}
+// SAFETY: a `Lent` stands for the `&'scope mut [T]` it was made from,
+// which the scope keeps borrowed (nothing else can reach the memory) until
+// every lease is back; moving that exclusive access to the engine's thread
+// is sound because it is only ever read as a `T: Element`, and `Element`
+// types are `Send`.
+unsafe impl Send for Lent {}
 
-impl<T> HostView<T> {
-    /// The lent elements.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: `ptr` and `len` come from a live `&'scope mut [T]`; the
-        // scope does not end (so the memory stays valid and unaliased)
-        // before this view, which holds its lease, is dropped, and `&mut
-        // self` makes this the only access through the view.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+impl Lent {
+    /// Lends `data`.
+    fn new<T: Element>(data: &mut [T]) -> Self {
+        Lent {
+            len: data.len(),
+            ptr: NonNull::from(data).cast(),
+            element: TypeId::of::<T>(),
+        }
     }
-}
 
-impl<T> Drop for HostView<T> {
-    fn drop(&mut self) {
-        // A no-op when the engine completed the tensor (the first result
-        // stays).
-        self.completion.complete(Err(Error::RankFailed {
-            rank: self.rank,
-            message: "the engine dropped a tensor without performing it".into(),
-        }));
+    /// True when the lent elements are `T`s.
+    pub(crate) fn holds<T: Element>(&self) -> bool {
+        self.element == TypeId::of::<T>()
+    }
+
+    /// The lent elements, if they are `T`s.
+    pub(crate) fn as_mut_slice<T: Element>(&mut self) -> Option<&mut [T]> {
+        if !self.holds::<T>() {
+            return None;
+        }
+        // SAFETY: `ptr` and `len` come from a live `&'scope mut [T]` of
+        // exactly this `T` (checked above). The scope does not end — so the
+        // memory stays valid and unaliased — before the lease of this
+        // tensor's submission is back, which happens only once every
+        // tensor of the submission completed; the engine completes a
+        // tensor only after its last access through this view, and `&mut
+        // self` makes this the only access through it.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<T>(), self.len) })
     }
 }
 
@@ -131,9 +140,9 @@ impl<'scope> Scope<'scope, '_> {
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'scope, ()>, Error> {
         let options = options.into();
+        let kolo = self.core.kolo;
         let tensors = tensors.into_iter();
-        let mut items: Vec<(Request, Payload, Arc<Completion>)> =
-            Vec::with_capacity(tensors.size_hint().0);
+        let mut group = Group::new(tensors.size_hint().0, false, Some(self.core.leases.lease()));
         for (name, tensor) in tensors {
             let (data, shape) = tensor.into_parts();
             if let Some(reason) = shape_problem(&shape, data.len()) {
@@ -142,29 +151,11 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            let request = self.core.kolo.reduce_request(
-                name,
-                RequestKind::Allreduce,
-                &shape,
-                T::DTYPE,
-                options,
-            );
-            let completion = Completion::new();
-            let view: HostView<T> = HostView {
-                len: data.len(),
-                ptr: NonNull::from(data).cast(),
-                completion: Arc::clone(&completion),
-                rank: self.core.kolo.rank(),
-                _lease: self.core.leases.lease(),
-            };
-            items.push((request, Box::new(view), completion));
+            let params = kolo.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options);
+            group.push(name, params, Input::Lent(Lent::new(data)));
         }
-        let names: Vec<String> = items.iter().map(|(r, ..)| r.tensor_name.clone()).collect();
-        let completions = self.core.kolo.submit_with(items)?;
-        Ok(Handle::new(
-            names.into_iter().zip(completions).collect(),
-            |_| Ok(()),
-        ))
+        let completion = kolo.submit(group)?;
+        Ok(Handle::new(completion, |_| Ok(())))
     }
 }
 

@@ -1,90 +1,209 @@
-//! The tensor table: the operations in flight on this rank, by name.
+//! The tensor table: the operations in flight on this rank.
+//!
+//! Every tensor name gets a small [`TensorId`] the first time it is
+//! submitted (one hash of the name), and from then on the engine works by
+//! id: the table's entries are an array indexed by id, the coordinator
+//! negotiates by id, and a repeated training step touches no name and
+//! allocates nothing per tensor. Ids of names not seen for a while are
+//! reclaimed (see [`Table::reclaim`]), so that a job that makes up new
+//! names (barriers, joins, unnamed tensors) does not grow the table
+//! without bound.
 
 use crate::error::Error;
-use crate::handle::{Completion, Payload};
-use kolo_protocol::Request;
-use std::collections::{HashMap, HashSet};
+use crate::handle::{Completion, Part, Payload};
+use kolo_coordinator::{Submission, TensorId};
+use kolo_protocol::Params;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
+
+/// Below this many names the table never reclaims ids.
+const RECLAIM_FLOOR: usize = 4096;
+
+/// What the engine gets of one tensor's input.
+pub(crate) enum Input {
+    /// Nothing (barrier, join).
+    None,
+    /// The engine's own copy (`Vec<T>` of the request's dtype), or a
+    /// device plane's arguments.
+    Owned(Payload),
+    /// The caller's memory, lent for a scope (see `crate::scope`).
+    Lent(crate::scope::Lent),
+}
 
 /// One tensor submitted on this rank and not yet completed.
 pub(crate) struct Entry {
-    /// What this rank asked for.
-    pub request: Request,
-    /// The engine's own copy of the input (`Vec<T>` of the request's dtype).
-    pub input: Payload,
+    /// What this rank asked for (the name is the id's).
+    pub params: Params,
+    /// The input.
+    pub input: Input,
     /// Where the result goes.
-    pub completion: Arc<Completion>,
+    pub part: Part,
+}
+
+impl Entry {
+    /// Completes the tensor with `result`.
+    pub(crate) fn complete(self, result: Result<Payload, Error>) {
+        self.part.complete(result);
+    }
+}
+
+/// One tensor of a submission, before it enters the table.
+pub(crate) struct Item<'n> {
+    pub name: &'n str,
+    pub params: Params,
+    pub input: Input,
+}
+
+/// One id's place in the table.
+#[derive(Default)]
+struct Slot {
+    /// The id's name; `None` while the id is free.
+    name: Option<Arc<str>>,
+    /// The tensor in flight under this name.
+    entry: Option<Entry>,
+    /// The submission that last used the name (a name twice in one
+    /// submission is refused).
+    mark: u64,
 }
 
 /// The entries in flight, the requests the background thread has not
 /// taken yet, and whether new entries are still accepted.
 #[derive(Default)]
 pub(crate) struct Table {
-    entries: HashMap<String, Entry>,
+    ids: FxHashMap<Arc<str>, TensorId>,
+    slots: Vec<Slot>,
+    /// Ids free for new names.
+    free: Vec<TensorId>,
     /// Requests of inserted entries, for the background thread's next
     /// cycle. Submitters only wake the thread when this was empty: a
     /// burst of submissions costs one wake-up, not one per tensor.
-    queued: Vec<Request>,
+    queued: Vec<Submission>,
+    /// Ids named since the background thread last looked.
+    named: Vec<(TensorId, Arc<str>)>,
+    /// Submissions so far (marks a submission's names).
+    submissions: u64,
+    /// Reclaim ids once this many names are known.
+    reclaim_at: usize,
     /// Set once the engine stopped: why new operations are refused.
     closed: Option<Error>,
 }
 
 impl Table {
-    /// Adds every entry, or none: fails if the engine stopped or a name is
-    /// in flight (or given twice).
-    /// Queues `requests` (those of `entries`) for the background thread;
-    /// returns whether the queue was empty, i.e. whether the thread needs
-    /// waking.
-    pub(crate) fn insert_all(
+    /// The id of `name`, made now if it has none.
+    fn intern(&mut self, name: &str) -> TensorId {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let name: Arc<str> = Arc::from(name);
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.slots.push(Slot::default());
+                TensorId(self.slots.len() as u32 - 1)
+            }
+        };
+        self.slots[id.index()].name = Some(Arc::clone(&name));
+        self.ids.insert(Arc::clone(&name), id);
+        self.named.push((id, name));
+        id
+    }
+
+    /// Adds every item of one submission (completing `completion`'s parts
+    /// in order), or none: fails if the engine stopped or a name is in
+    /// flight (or given twice). Queues the requests for the background
+    /// thread; returns whether the queue was empty, i.e. whether the
+    /// thread needs waking.
+    pub(crate) fn insert(
         &mut self,
-        entries: Vec<Entry>,
-        requests: Vec<Request>,
+        items: Vec<Item<'_>>,
+        completion: &Arc<Completion>,
     ) -> Result<bool, Error> {
         if let Some(reason) = &self.closed {
             return Err(reason.clone());
         }
-        if let [entry] = entries.as_slice() {
-            // The common case, without the set.
-            if self.entries.contains_key(&entry.request.tensor_name) {
+        self.submissions += 1;
+        let mark = self.submissions;
+        let mut ids = Vec::with_capacity(items.len());
+        for item in &items {
+            let id = self.intern(item.name);
+            let slot = &mut self.slots[id.index()];
+            if slot.entry.is_some() || slot.mark == mark {
                 return Err(Error::DuplicateName {
-                    tensor: entry.request.tensor_name.clone(),
+                    tensor: item.name.to_owned(),
                 });
             }
-        } else {
-            // A set of the group's names: a pairwise scan was quadratic in
-            // the group's size (half the CPU of a 1,000-tensor grouped
-            // submit).
-            let mut seen = HashSet::with_capacity(entries.len());
-            for entry in &entries {
-                let name = &entry.request.tensor_name;
-                if self.entries.contains_key(name) || !seen.insert(name.as_str()) {
-                    return Err(Error::DuplicateName {
-                        tensor: name.clone(),
-                    });
-                }
-            }
-        }
-        for entry in entries {
-            self.entries
-                .insert(entry.request.tensor_name.clone(), entry);
+            slot.mark = mark;
+            ids.push(id);
         }
         let wake = self.queued.is_empty();
-        if wake {
-            self.queued = requests;
-        } else {
-            self.queued.extend(requests);
+        self.queued.reserve(items.len());
+        for (index, (item, id)) in items.into_iter().zip(ids).enumerate() {
+            self.queued.push(Submission {
+                id,
+                params: item.params.clone(),
+            });
+            self.slots[id.index()].entry = Some(Entry {
+                params: item.params,
+                input: item.input,
+                part: completion.part(index),
+            });
         }
         Ok(wake)
     }
 
-    /// Takes the queued requests, in submission order.
-    pub(crate) fn take_queued(&mut self) -> Vec<Request> {
-        std::mem::take(&mut self.queued)
+    /// Takes the queued requests, in submission order, and the ids named
+    /// since the last call (to be registered before the requests).
+    pub(crate) fn take_queued(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
+        (
+            std::mem::take(&mut self.queued),
+            std::mem::take(&mut self.named),
+        )
+    }
+
+    /// Removes and returns the entry of `id`, if in flight.
+    pub(crate) fn take(&mut self, id: TensorId) -> Option<Entry> {
+        self.slots.get_mut(id.index())?.entry.take()
     }
 
     /// Removes and returns the entry of `name`, if in flight.
-    pub(crate) fn take(&mut self, name: &str) -> Option<Entry> {
-        self.entries.remove(name)
+    pub(crate) fn take_named(&mut self, name: &str) -> Option<Entry> {
+        let id = *self.ids.get(name)?;
+        self.take(id)
+    }
+
+    /// The name of `id`.
+    #[cfg(test)]
+    pub(crate) fn name(&self, id: TensorId) -> Option<&Arc<str>> {
+        self.slots.get(id.index())?.name.as_ref()
+    }
+
+    /// Frees the ids of names with nothing in flight that `forget` lets go
+    /// (the coordinator's [`forget`](kolo_coordinator::Coordinator::forget):
+    /// no pending request and no cache slot refer to the id), once the
+    /// table knows more names than it did after the last reclaim (twice as
+    /// many, and at least [`RECLAIM_FLOOR`]). Must run after the named ids
+    /// were taken (see [`Table::take_queued`]).
+    pub(crate) fn reclaim(&mut self, mut forget: impl FnMut(TensorId) -> bool) {
+        if self.ids.len() < self.reclaim_at.max(RECLAIM_FLOOR) || !self.named.is_empty() {
+            return;
+        }
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            let id = TensorId(index as u32);
+            if slot.entry.is_some() || slot.name.is_none() || !forget(id) {
+                continue;
+            }
+            if let Some(name) = slot.name.take() {
+                self.ids.remove(&name);
+                self.free.push(id);
+            }
+        }
+        self.reclaim_at = 2 * self.ids.len();
+    }
+
+    /// Number of names with an id.
+    #[cfg(test)]
+    pub(crate) fn known(&self) -> usize {
+        self.ids.len()
     }
 
     /// Refuses new entries from now on (keeping the first reason given)
@@ -92,7 +211,11 @@ impl Table {
     /// the lock.
     pub(crate) fn close(&mut self, reason: Error) -> Vec<Entry> {
         self.closed.get_or_insert(reason);
-        self.entries.drain().map(|(_, entry)| entry).collect()
+        self.queued.clear();
+        self.slots
+            .iter_mut()
+            .filter_map(|slot| slot.entry.take())
+            .collect()
     }
 
     /// Why the engine stopped, if it did.
@@ -104,24 +227,33 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handle::TensorNames;
     use kolo_protocol::{DataType, RequestKind};
 
-    fn request(name: &str) -> Request {
-        Request::new(0, name, RequestKind::Allreduce, DataType::F32, vec![1])
-    }
-
-    fn entry(name: &str) -> Entry {
-        Entry {
-            request: request(name),
-            input: Box::new(vec![0f32]),
-            completion: Completion::new(),
+    fn item(name: &str) -> Item<'_> {
+        Item {
+            name,
+            params: Params::new(RequestKind::Allreduce, DataType::F32, [1]),
+            input: Input::None,
         }
     }
 
     fn insert(table: &mut Table, names: &[&str]) -> Result<bool, Error> {
-        let entries = names.iter().map(|n| entry(n)).collect();
-        let requests = names.iter().map(|n| request(n)).collect();
-        table.insert_all(entries, requests)
+        let mut tensor_names = TensorNames::with_capacity(names.len());
+        names.iter().for_each(|n| tensor_names.push(n));
+        let completion = Completion::new(tensor_names, false, None);
+        let result = table.insert(names.iter().map(|n| item(n)).collect(), &completion);
+        if result.is_err() {
+            completion.abandon();
+        }
+        result
+    }
+
+    fn take_by_name(table: &mut Table, name: &str) -> bool {
+        table.take_named(name).is_some_and(|entry| {
+            entry.complete(Ok(Box::new(())));
+            true
+        })
     }
 
     #[test]
@@ -132,7 +264,10 @@ mod tests {
             insert(&mut table, &["b", "a"]).err(),
             Some(Error::DuplicateName { tensor: "a".into() })
         );
-        assert!(table.take("b").is_none(), "a failed group inserts nothing");
+        assert!(
+            !take_by_name(&mut table, "b"),
+            "a failed group inserts nothing"
+        );
         assert_eq!(
             insert(&mut table, &["c", "c"]).err(),
             Some(Error::DuplicateName { tensor: "c".into() })
@@ -141,7 +276,7 @@ mod tests {
             insert(&mut table, &["a"]).err(),
             Some(Error::DuplicateName { tensor: "a".into() })
         );
-        assert!(table.take("a").is_some());
+        assert!(take_by_name(&mut table, "a"));
         insert(&mut table, &["a"]).unwrap();
     }
 
@@ -155,13 +290,15 @@ mod tests {
             None,
             "a refused submission queues nothing"
         );
-        let names: Vec<String> = table
-            .take_queued()
-            .into_iter()
-            .map(|r| r.tensor_name)
+        let (queued, named) = table.take_queued();
+        let names: Vec<&str> = queued
+            .iter()
+            .map(|s| &**table.name(s.id).unwrap())
             .collect();
         assert_eq!(names, ["a", "b", "c"]);
-        assert!(table.take_queued().is_empty());
+        let named: Vec<&str> = named.iter().map(|(_, n)| &**n).collect();
+        assert_eq!(named, ["a", "b", "c"]);
+        assert!(table.take_queued().0.is_empty());
         assert_eq!(insert(&mut table, &["d"]), Ok(true));
     }
 
@@ -179,5 +316,48 @@ mod tests {
             insert(&mut table, &["c"]).err(),
             Some(Error::ShutDown { by_ranks: vec![1] })
         );
+    }
+
+    #[test]
+    fn reclaim_frees_idle_ids_that_the_coordinator_lets_go() {
+        let mut table = Table::default();
+        let names: Vec<String> = (0..RECLAIM_FLOOR + 10).map(|i| format!("n{i}")).collect();
+        for name in &names {
+            insert(&mut table, &[name]).unwrap();
+        }
+        // Ids not yet handed to the engine are never reclaimed.
+        table.reclaim(|_| true);
+        assert_eq!(table.known(), names.len());
+        table.take_queued();
+        for name in &names[..20] {
+            assert!(take_by_name(&mut table, name));
+        }
+        // The coordinator keeps even ids (cached, say).
+        table.reclaim(|id| id.0 % 2 == 1);
+        assert_eq!(table.known(), names.len() - 10);
+        assert!(!table.ids.contains_key("n1") && table.ids.contains_key("n0"));
+        // A freed id serves a new name; the old name gets a new id.
+        insert(&mut table, &["fresh", "n1"]).unwrap();
+        let (_, named) = table.take_queued();
+        assert_eq!(named.len(), 2);
+        assert!(named.iter().all(|(id, _)| id.0 % 2 == 1 && id.index() < 20));
+        // The next reclaim waits for twice the names left.
+        for name in &names[20..30] {
+            assert!(take_by_name(&mut table, name));
+        }
+        table.reclaim(|_| true);
+        assert_eq!(table.known(), names.len() - 8);
+    }
+
+    #[test]
+    fn names_in_flight_are_never_reclaimed() {
+        let mut table = Table::default();
+        let names: Vec<String> = (0..RECLAIM_FLOOR).map(|i| format!("n{i}")).collect();
+        for name in &names {
+            insert(&mut table, &[name]).unwrap();
+        }
+        table.take_queued();
+        table.reclaim(|_| true);
+        assert_eq!(table.known(), names.len());
     }
 }

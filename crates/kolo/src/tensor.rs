@@ -1,4 +1,11 @@
 //! Tensor views: a slice plus a shape. A plain slice is a 1-D tensor.
+//! Shapes of up to four dimensions are held inline: a view costs no
+//! allocation.
+
+use smallvec::SmallVec;
+
+/// A view's dimensions.
+pub(crate) type Dims = SmallVec<[usize; 4]>;
 
 /// A read-only tensor: `data` in row-major order with `shape`.
 ///
@@ -12,14 +19,14 @@
 #[derive(Clone, Debug)]
 pub struct Tensor<'a, T> {
     data: &'a [T],
-    shape: Vec<usize>,
+    shape: Dims,
 }
 
 /// A writable tensor: `data` in row-major order with `shape`.
 #[derive(Debug)]
 pub struct TensorMut<'a, T> {
     data: &'a mut [T],
-    shape: Vec<usize>,
+    shape: Dims,
 }
 
 /// What is wrong with `shape` for a buffer of `len` elements, if anything.
@@ -43,7 +50,7 @@ impl<'a, T> Tensor<'a, T> {
     pub fn with_shape(data: &'a [T], shape: impl AsRef<[usize]>) -> Self {
         Tensor {
             data,
-            shape: shape.as_ref().to_vec(),
+            shape: Dims::from_slice(shape.as_ref()),
         }
     }
 
@@ -69,7 +76,7 @@ impl<'a, T> TensorMut<'a, T> {
     pub fn with_shape(data: &'a mut [T], shape: impl AsRef<[usize]>) -> Self {
         TensorMut {
             data,
-            shape: shape.as_ref().to_vec(),
+            shape: Dims::from_slice(shape.as_ref()),
         }
     }
 
@@ -84,7 +91,7 @@ impl<'a, T> TensorMut<'a, T> {
     }
 
     /// The buffer and the shape, for the handle that writes the result.
-    pub(crate) fn into_parts(self) -> (&'a mut [T], Vec<usize>) {
+    pub(crate) fn into_parts(self) -> (&'a mut [T], Dims) {
         (self.data, self.shape)
     }
 }
@@ -93,7 +100,7 @@ impl<'a, T> From<&'a [T]> for Tensor<'a, T> {
     fn from(data: &'a [T]) -> Self {
         Tensor {
             data,
-            shape: vec![data.len()],
+            shape: Dims::from_buf_and_len([data.len(), 0, 0, 0], 1),
         }
     }
 }
@@ -112,7 +119,7 @@ impl<'a, T, const N: usize> From<&'a [T; N]> for Tensor<'a, T> {
 
 impl<'a, T> From<&'a mut [T]> for TensorMut<'a, T> {
     fn from(data: &'a mut [T]) -> Self {
-        let shape = vec![data.len()];
+        let shape = Dims::from_buf_and_len([data.len(), 0, 0, 0], 1);
         TensorMut { data, shape }
     }
 }
@@ -130,7 +137,7 @@ impl<'a, T, const N: usize> From<&'a mut [T; N]> for TensorMut<'a, T> {
 }
 
 /// The shape in the protocol's form.
-pub(crate) fn wire_shape(shape: &[usize]) -> Vec<u64> {
+pub(crate) fn wire_shape(shape: &[usize]) -> kolo_protocol::Shape {
     shape.iter().map(|&d| d as u64).collect()
 }
 

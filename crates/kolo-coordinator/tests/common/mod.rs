@@ -200,7 +200,7 @@ pub fn cycle_until(
     let mut got = 0;
     for _ in 0..max_cycles {
         let out = coordinator
-            .cycle(ctrl, std::mem::take(&mut requests), false, Instant::now())
+            .cycle_requests(ctrl, std::mem::take(&mut requests), false, Instant::now())
             .unwrap_or_else(|e| panic!("cycle failed: {e}"));
         got += out.responses.len();
         outputs.push(out);

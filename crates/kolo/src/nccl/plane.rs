@@ -14,8 +14,8 @@ use super::ready::ReadyEvent;
 use super::tensor::{DeviceArgs, DeviceDone};
 use crate::device::DevicePlane;
 use crate::error::Error;
-use crate::handle::{Completion, Payload};
-use crate::table::Entry;
+use crate::handle::{Part as Submitted, Payload};
+use crate::table::{Entry, Input};
 use cudarc::driver::CudaStream;
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
 use kolo_protocol::{RequestKind, Response};
@@ -44,7 +44,7 @@ pub(crate) struct NcclPlane {
 pub(super) struct Part<T: 'static> {
     pub name: String,
     /// This rank's handle on the tensor (none where it joined).
-    pub completion: Option<Arc<Completion>>,
+    pub completion: Option<Submitted>,
     /// The caller's memory (none where this rank joined).
     pub args: Option<DeviceArgs<T>>,
     /// The shape as this rank submitted it (empty where it joined).
@@ -147,7 +147,7 @@ impl NcclPlane {
                 if outcome.is_err() {
                     part.fence(&stream);
                 }
-                let Some(completion) = &part.completion else {
+                let Some(completion) = part.completion.take() else {
                     continue;
                 };
                 let result = match &outcome {
@@ -170,9 +170,10 @@ impl NcclPlane {
         response: &Response,
         timeline: &Timeline,
     ) {
-        for part in &parts {
+        let mut parts = parts;
+        for part in &mut parts {
             timeline.op_end(&part.name, response.dtype.name(), &[]);
-            if let Some(completion) = &part.completion {
+            if let Some(completion) = part.completion.take() {
                 completion.complete(Err(collective(&part.name, error)));
             }
         }
@@ -231,18 +232,22 @@ fn part<T: DeviceElement>(name: &str, slot: Option<Entry>) -> Part<T> {
         };
     };
     let Entry {
-        request,
+        params,
         input,
-        completion,
+        part: completion,
     } = entry;
-    match input.downcast::<DeviceArgs<T>>() {
-        Ok(args) => Part {
+    let args = match input {
+        Input::Owned(payload) => payload.downcast::<DeviceArgs<T>>().ok(),
+        _ => None,
+    };
+    match args {
+        Some(args) => Part {
             name: name.to_owned(),
             completion: Some(completion),
             args: Some(*args),
-            shape: request.shape,
+            shape: params.shape.to_vec(),
         },
-        Err(_) => {
+        None => {
             completion.complete(Err(Error::Collective {
                 tensor: name.to_owned(),
                 message: format!(

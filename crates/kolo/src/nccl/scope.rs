@@ -11,16 +11,17 @@
 use super::tensor::{
     DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, ReadyEvents,
 };
-use crate::engine::Kolo;
+use crate::engine::{Group, Kolo};
 use crate::error::Error;
-use crate::handle::{Handle, Payload};
+use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
 use crate::split::split_rows;
-use crate::tensor::{shape_problem, wire_shape};
+use crate::table::Input;
+use crate::tensor::shape_problem;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
 use kolo_nccl::{DeviceElement, Untracked};
-use kolo_protocol::{Device, Request, RequestKind};
+use kolo_protocol::{Device, Params, RequestKind};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -39,7 +40,8 @@ impl std::fmt::Debug for DeviceScope<'_, '_> {
 
 /// One tensor ready to be submitted.
 struct Item<T: 'static> {
-    request: Request,
+    name: String,
+    params: Params,
     args: DeviceArgs<T>,
     /// The streams of its buffers (output first).
     streams: Vec<Arc<CudaStream>>,
@@ -171,9 +173,9 @@ impl<'scope> DeviceScope<'scope, '_> {
         for (name, tensor) in tensors {
             check_shape(name, &tensor.shape, tensor.view.len())?;
             let stream = tensor.view.stream();
-            let request =
-                self.request::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
-            items.push(self.item(request, None, Some(tensor.view))?);
+            let params =
+                self.params::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
+            items.push(self.item(name, params, None, Some(tensor.view))?);
         }
         self.submit(items, |_| Ok(()))
     }
@@ -211,15 +213,12 @@ impl<'scope> DeviceScope<'scope, '_> {
         splits: &[usize],
     ) -> Result<Handle<'scope, O>, Error> {
         check_shape(name, &input.shape, input.view.len())?;
-        let request = Request {
+        let params = Params {
             device: self.device_of(name, input.view.stream())?,
             splits: splits.iter().map(|&s| s as u64).collect(),
-            ..self
-                .core
-                .kolo
-                .request(name, kind, T::DTYPE, wire_shape(&input.shape))
+            ..self.core.kolo.params(kind, T::DTYPE, &input.shape)
         };
-        let item = self.item(request, Some(input.view), None)?;
+        let item = self.item(name, params, Some(input.view), None)?;
         let tensor = name.to_owned();
         self.submit(vec![item], move |mut outputs| {
             outputs
@@ -245,9 +244,9 @@ impl<'scope> DeviceScope<'scope, '_> {
             tensor: name.to_owned(),
             reason: format!("root rank {root} is out of range"),
         })?;
-        let request = Request {
+        let params = Params {
             root_rank,
-            ..self.request::<T>(
+            ..self.params::<T>(
                 name,
                 RequestKind::Broadcast,
                 &buf.shape,
@@ -255,7 +254,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 ReduceOptions::default(),
             )?
         };
-        let item = self.item(request, None, Some(buf.view))?;
+        let item = self.item(name, params, None, Some(buf.view))?;
         self.submit(vec![item], |_| Ok(()))
     }
 
@@ -288,36 +287,30 @@ impl<'scope> DeviceScope<'scope, '_> {
         // Both buffers must live on the engine's GPU: a rank failing to
         // enqueue would leave its peers waiting in NCCL.
         self.device_of(name, input.view.stream())?;
-        let request = self.request::<T>(
+        let params = self.params::<T>(
             name,
             RequestKind::ReduceScatter,
             &input.shape,
             output.view.stream(),
             options,
         )?;
-        let item = self.item(request, Some(input.view), Some(output.view))?;
+        let item = self.item(name, params, Some(input.view), Some(output.view))?;
         self.submit(vec![item], |_| Ok(()))
     }
 
-    /// The request of a tensor of `shape` on `stream` (which must be on
+    /// The parameters of a tensor of `shape` on `stream` (which must be on
     /// the engine's GPU) with the reduction `options`.
-    fn request<T: DeviceElement>(
+    fn params<T: DeviceElement>(
         &self,
         name: &str,
         kind: RequestKind,
         shape: &[usize],
         stream: &Arc<CudaStream>,
         options: ReduceOptions,
-    ) -> Result<Request, Error> {
-        Ok(Request {
+    ) -> Result<Params, Error> {
+        Ok(Params {
             device: self.device_of(name, stream)?,
-            reduce_op: options.op,
-            prescale: options.prescale,
-            postscale: options.postscale,
-            ..self
-                .core
-                .kolo
-                .request(name, kind, T::DTYPE, wire_shape(shape))
+            ..self.core.kolo.reduce_params(kind, shape, T::DTYPE, options)
         })
     }
 
@@ -346,7 +339,8 @@ impl<'scope> DeviceScope<'scope, '_> {
     /// [`DeviceScope::submit`], after every tensor's waits.
     fn item<T: DeviceElement>(
         &self,
-        request: Request,
+        name: &str,
+        params: Params,
         input: Option<CudaView<'scope, T>>,
         mut output: Option<CudaViewMut<'scope, T>>,
     ) -> Result<Item<T>, Error> {
@@ -357,10 +351,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             .chain(input.as_ref().map(|v| Arc::clone(v.stream())))
             .collect();
         if streams.is_empty() {
-            return Err(internal(
-                &request.tensor_name,
-                "a device op without a buffer",
-            ));
+            return Err(internal(name, "a device op without a buffer"));
         }
         // SAFETY: the memory stays borrowed for 'scope, and the engine uses
         // these addresses only until it drops the `DeviceArgs` below, which
@@ -395,7 +386,8 @@ impl<'scope> DeviceScope<'scope, '_> {
             )
         };
         Ok(Item {
-            request,
+            name: name.to_owned(),
+            params,
             args: DeviceArgs {
                 input,
                 output,
@@ -418,24 +410,22 @@ impl<'scope> DeviceScope<'scope, '_> {
         finish: impl FnOnce(Vec<Option<Box<dyn Any + Send>>>) -> Result<O, Error> + Send + 'scope,
     ) -> Result<Handle<'scope, O>, Error> {
         let mut ready = ReadyEvents::default();
-        let mut names = Vec::with_capacity(items.len());
-        let mut submitted: Vec<(Request, Payload)> = Vec::with_capacity(items.len());
-        for mut item in items {
+        let names: Vec<String> = items.iter().map(|item| item.name.clone()).collect();
+        let mut group = Group::new(items.len(), true, None);
+        for (mut item, name) in items.into_iter().zip(&names) {
             for stream in &item.streams {
                 let event = ready.on(stream).map_err(|e| Error::Collective {
-                    tensor: item.request.tensor_name.clone(),
+                    tensor: name.clone(),
                     message: format!("recording the ready event on the caller's stream: {e:?}"),
                 })?;
                 if !item.args.ready.iter().any(|e| Arc::ptr_eq(e, &event)) {
                     item.args.ready.push(event);
                 }
             }
-            names.push(item.request.tensor_name.clone());
-            submitted.push((item.request, Box::new(item.args)));
+            group.push(name, item.params, Input::Owned(Box::new(item.args)));
         }
-        let completions = self.core.kolo.submit_all(submitted)?;
-        let parts = names.iter().cloned().zip(completions).collect();
-        Ok(Handle::new(parts, move |payloads| {
+        let completion = self.core.kolo.submit(group)?;
+        Ok(Handle::new(completion, move |payloads| {
             let mut outputs = Vec::with_capacity(payloads.len());
             for (tensor, payload) in names.iter().zip(payloads) {
                 let done = payload

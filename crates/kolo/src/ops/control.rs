@@ -3,6 +3,7 @@
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::Handle;
+use crate::table::Input;
 use kolo_protocol::{DataType, RequestKind};
 
 impl Kolo {
@@ -34,8 +35,8 @@ impl Kolo {
     }
 
     fn control(&self, name: String, kind: RequestKind) -> Result<Handle<'static, ()>, Error> {
-        let request = self.request(&name, kind, DataType::U8, Vec::new());
-        let completion = self.submit(request, Box::new(()))?;
-        Ok(Handle::new(vec![(name, completion)], |_| Ok(())))
+        let params = self.params(kind, DataType::U8, &[]);
+        let completion = self.submit_one(&name, params, Input::None)?;
+        Ok(Handle::new(completion, |_| Ok(())))
     }
 }

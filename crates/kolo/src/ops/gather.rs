@@ -4,8 +4,9 @@ use super::{check, output, write_back};
 use crate::engine::Kolo;
 use crate::error::Error;
 use crate::handle::Handle;
-use crate::tensor::{shape_problem, wire_shape, Tensor, TensorMut};
-use kolo_protocol::{Request, RequestKind};
+use crate::table::Input;
+use crate::tensor::{shape_problem, Tensor, TensorMut};
+use kolo_protocol::{Params, RequestKind};
 use kolo_transport::Element;
 
 /// What an alltoall delivered to this rank.
@@ -38,18 +39,13 @@ impl Kolo {
     ) -> Result<Handle<'static, Vec<T>>, Error> {
         let input = input.into();
         check(name, input.problem())?;
-        let request = self.request(
-            name,
-            RequestKind::Allgather,
-            T::DTYPE,
-            wire_shape(input.shape()),
-        );
-        let completion = self.submit(request, Box::new(input.data().to_vec()))?;
+        let params = self.params(RequestKind::Allgather, T::DTYPE, input.shape());
+        let completion =
+            self.submit_one(name, params, Input::Owned(Box::new(input.data().to_vec())))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| output(&tensor, payloads.pop()),
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            output(&tensor, payloads.pop())
+        }))
     }
 
     /// Copies the root's `buf` into every rank's `buf` (blocking).
@@ -76,19 +72,16 @@ impl Kolo {
             tensor: name.to_owned(),
             reason: format!("root rank {root} is out of range"),
         })?;
-        let request = Request {
+        let params = Params {
             root_rank,
-            ..self.request(name, RequestKind::Broadcast, T::DTYPE, wire_shape(&shape))
+            ..self.params(RequestKind::Broadcast, T::DTYPE, &shape)
         };
-        let completion = self.submit(request, Box::new(data.to_vec()))?;
+        let completion = self.submit_one(name, params, Input::Owned(Box::new(data.to_vec())))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| {
-                let result: Vec<T> = output(&tensor, payloads.pop())?;
-                write_back(&tensor, data, &result)
-            },
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            let result: Vec<T> = output(&tensor, payloads.pop())?;
+            write_back(&tensor, data, &result)
+        }))
     }
 
     /// Sends `splits[p]` rows of `send` (first dimension, in order) to each
@@ -112,23 +105,16 @@ impl Kolo {
     ) -> Result<Handle<'static, Received<T>>, Error> {
         let send = send.into();
         check(name, send.problem())?;
-        let request = Request {
+        let params = Params {
             splits: splits.iter().map(|&s| s as u64).collect(),
-            ..self.request(
-                name,
-                RequestKind::Alltoall,
-                T::DTYPE,
-                wire_shape(send.shape()),
-            )
+            ..self.params(RequestKind::Alltoall, T::DTYPE, send.shape())
         };
-        let completion = self.submit(request, Box::new(send.data().to_vec()))?;
+        let completion =
+            self.submit_one(name, params, Input::Owned(Box::new(send.data().to_vec())))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| {
-                let (data, splits): (Vec<T>, Vec<usize>) = output(&tensor, payloads.pop())?;
-                Ok(Received { data, splits })
-            },
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            let (data, splits): (Vec<T>, Vec<usize>) = output(&tensor, payloads.pop())?;
+            Ok(Received { data, splits })
+        }))
     }
 }

@@ -1,12 +1,13 @@
 //! Allreduce (single, owned, grouped) and reduce-scatter.
 
 use super::{check, output, write_back, ReduceOptions};
-use crate::engine::Kolo;
+use crate::engine::{Group, Kolo};
 use crate::error::Error;
-use crate::handle::{Handle, Payload};
+use crate::handle::Handle;
 use crate::split::split_rows;
+use crate::table::Input;
 use crate::tensor::{shape_problem, wire_shape, Tensor, TensorMut};
-use kolo_protocol::{Request, RequestKind};
+use kolo_protocol::{DataType, Params, RequestKind};
 use kolo_transport::Element;
 
 impl Kolo {
@@ -35,22 +36,13 @@ impl Kolo {
     ) -> Result<Handle<'t, ()>, Error> {
         let (data, shape) = buf.into().into_parts();
         check(name, shape_problem(&shape, data.len()))?;
-        let request = self.reduce_request(
-            name,
-            RequestKind::Allreduce,
-            &shape,
-            T::DTYPE,
-            options.into(),
-        );
-        let completion = self.submit(request, Box::new(data.to_vec()))?;
+        let params = self.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options.into());
+        let completion = self.submit_one(name, params, Input::Owned(Box::new(data.to_vec())))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| {
-                let result: Vec<T> = output(&tensor, payloads.pop())?;
-                write_back(&tensor, data, &result)
-            },
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            let result: Vec<T> = output(&tensor, payloads.pop())?;
+            write_back(&tensor, data, &result)
+        }))
     }
 
     /// Reduces a 1-D `data` across all ranks and returns it (blocking),
@@ -73,19 +65,12 @@ impl Kolo {
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'static, Vec<T>>, Error> {
         let shape = [data.len()];
-        let request = self.reduce_request(
-            name,
-            RequestKind::Allreduce,
-            &shape,
-            T::DTYPE,
-            options.into(),
-        );
-        let completion = self.submit(request, Box::new(data))?;
+        let params = self.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options.into());
+        let completion = self.submit_one(name, params, Input::Owned(Box::new(data)))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| output(&tensor, payloads.pop()),
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            output(&tensor, payloads.pop())
+        }))
     }
 
     /// Allreduces several tensors submitted together (blocking): they reach
@@ -117,23 +102,18 @@ impl Kolo {
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'t, ()>, Error> {
         let options = options.into();
-        let mut items: Vec<(Request, Payload)> = Vec::new();
+        let tensors = tensors.into_iter();
+        let mut group = Group::new(tensors.size_hint().0, true, None);
         let mut outputs: Vec<(String, &'t mut [T])> = Vec::new();
         for (name, tensor) in tensors {
             let (data, shape) = tensor.into_parts();
             check(name, shape_problem(&shape, data.len()))?;
-            let request =
-                self.reduce_request(name, RequestKind::Allreduce, &shape, T::DTYPE, options);
-            items.push((request, Box::new(data.to_vec())));
+            let params = self.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options);
+            group.push(name, params, Input::Owned(Box::new(data.to_vec())));
             outputs.push((name.to_owned(), data));
         }
-        let completions = self.submit_all(items)?;
-        let parts = outputs
-            .iter()
-            .map(|(name, _)| name.clone())
-            .zip(completions)
-            .collect();
-        Ok(Handle::new(parts, move |payloads| {
+        let completion = self.submit(group)?;
+        Ok(Handle::new(completion, move |payloads| {
             let mut results = Vec::with_capacity(outputs.len());
             for ((tensor, _), payload) in outputs.iter().zip(payloads) {
                 results.push(output::<Vec<T>>(tensor, Some(payload))?);
@@ -191,38 +171,42 @@ impl Kolo {
                 });
             }
         }
-        let request = self.reduce_request(
-            name,
+        let params = self.reduce_params(
             RequestKind::ReduceScatter,
             input.shape(),
             T::DTYPE,
             options.into(),
         );
-        let completion = self.submit(request, Box::new(input.data().to_vec()))?;
+        let completion =
+            self.submit_one(name, params, Input::Owned(Box::new(input.data().to_vec())))?;
         let tensor = name.to_owned();
-        Ok(Handle::new(
-            vec![(tensor.clone(), completion)],
-            move |mut payloads| {
-                let result: Vec<T> = output(&tensor, payloads.pop())?;
-                write_back(&tensor, output_buf, &result)
-            },
-        ))
+        Ok(Handle::new(completion, move |mut payloads| {
+            let result: Vec<T> = output(&tensor, payloads.pop())?;
+            write_back(&tensor, output_buf, &result)
+        }))
     }
 
-    /// The request of a reduction of `name` with `options`.
-    pub(crate) fn reduce_request(
+    /// The parameters of a `kind` collective on a tensor of `shape`.
+    pub(crate) fn params(&self, kind: RequestKind, dtype: DataType, shape: &[usize]) -> Params {
+        Params {
+            shape: wire_shape(shape),
+            ..Params::new(kind, dtype, [])
+        }
+    }
+
+    /// The parameters of a reduction with `options`.
+    pub(crate) fn reduce_params(
         &self,
-        name: &str,
         kind: RequestKind,
         shape: &[usize],
-        dtype: kolo_protocol::DataType,
+        dtype: DataType,
         options: ReduceOptions,
-    ) -> Request {
-        Request {
+    ) -> Params {
+        Params {
             reduce_op: options.op,
             prescale: options.prescale,
             postscale: options.postscale,
-            ..self.request(name, kind, dtype, wire_shape(shape))
+            ..self.params(kind, dtype, shape)
         }
     }
 }

@@ -49,12 +49,12 @@ mod tests {
     /// Submits an allreduce request on `device` with no data (the engine
     /// refuses device responses before looking at it).
     fn submit_on(kolo: &Kolo, name: &str, device: Device) -> Result<(), Error> {
-        let request = kolo_protocol::Request {
+        let params = kolo_protocol::Params {
             device,
-            ..kolo.request(name, RequestKind::Allreduce, DataType::F32, vec![4])
+            ..kolo.params(RequestKind::Allreduce, DataType::F32, &[4])
         };
-        let completion = kolo.submit(request, Box::new(()))?;
-        crate::handle::Handle::new(vec![(name.to_owned(), completion)], |_| Ok(())).wait()
+        let completion = kolo.submit_one(name, params, crate::table::Input::None)?;
+        crate::handle::Handle::new(completion, |_| Ok(())).wait()
     }
 
     #[test]

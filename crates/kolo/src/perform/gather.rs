@@ -24,7 +24,7 @@ impl<B: Backend> Engine<B> {
         let mut rows: Vec<usize> = Vec::with_capacity(names.len());
         let mut trailing: Vec<Vec<u64>> = Vec::with_capacity(names.len());
         for (i, (name, slot)) in names.iter().zip(&mut slots).enumerate() {
-            match slot.as_ref().map(|e| e.request.shape.clone()) {
+            match slot.as_ref().map(|e| e.params.shape.to_vec()) {
                 Some(shape) => {
                     rows.push(row_elems(&shape));
                     trailing.push(shape.get(1..).unwrap_or_default().to_vec());
@@ -88,7 +88,7 @@ impl<B: Backend> Engine<B> {
             observe(kolo_fusion::Phase::Collective, kolo_fusion::Edge::End);
             let shape = slot
                 .as_ref()
-                .map_or_else(|| vec![buf.len() as u64], |e| e.request.shape.clone());
+                .map_or_else(|| vec![buf.len() as u64], |e| e.params.shape.to_vec());
             let outcome = result
                 .map(|()| Box::new(buf) as Payload)
                 .map_err(|e| Error::collective(name, e));
@@ -104,7 +104,7 @@ impl<B: Backend> Engine<B> {
         for (name, mut slot) in response.tensor_names.iter().zip(slots) {
             let shape = slot
                 .as_ref()
-                .map(|e| e.request.shape.clone())
+                .map(|e| e.params.shape.to_vec())
                 .unwrap_or_default();
             let row = if slot.is_some() { row_elems(&shape) } else { 0 };
             let send = take_input::<T>(name, &mut slot).unwrap_or_default();

@@ -20,7 +20,7 @@ fn device_of(slots: &[Option<Entry>]) -> Device {
     slots
         .iter()
         .flatten()
-        .map(|e| e.request.device)
+        .map(|e| e.params.device)
         .next()
         .unwrap_or(Device::Cpu)
 }

@@ -1,14 +1,19 @@
 //! Allreduce and reduce-scatter, fused through kolo-fusion.
 
 use super::device_of;
-use crate::background::{observer, take_in_out, take_input, to_usize, Engine, InOut};
+use crate::background::{observer, take_input, to_usize, Engine};
 use crate::error::Error;
-use crate::handle::Payload;
+use crate::handle::{complete_all, Payload};
 use crate::split::{row_elems, split_rows};
-use crate::table::Entry;
+use crate::table::{Entry, Input};
 use kolo_protocol::Response;
 use kolo_timeline::activity;
 use kolo_transport::{Backend, Element, Scale};
+
+/// The first tensor name of a response ("" for none).
+fn first_name(response: &Response) -> &str {
+    response.tensor_names.first().map_or("", String::as_str)
+}
 
 /// The scale factors of a response.
 fn scale_of(response: &Response) -> Scale {
@@ -31,48 +36,89 @@ fn joined_shape(response: &Response, index: usize, elements: u64) -> Vec<u64> {
     }
 }
 
+/// Where one tensor of a fused allreduce is reduced: the caller's lent
+/// memory (in the entry), the engine's own copy, or a stand-in of the
+/// reduce op's identity (this rank joined, or its entry failed).
+enum Buffer<T> {
+    Lent,
+    Owned(Vec<T>),
+}
+
 impl<B: Backend> Engine<B> {
-    /// Allreduces the response's tensors in place, fused.
+    /// Allreduces the tensors of the responses `parts` (one fusion class)
+    /// in place, as one collective. `names` are their names when the
+    /// timeline records them (empty otherwise).
     pub(crate) fn allreduce<T: Element>(
         &mut self,
-        response: &Response,
+        parts: &[&Response],
+        names: &[&str],
         mut slots: Vec<Option<Entry>>,
     ) {
-        let op = response.reduce_op;
-        let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
-        let mut bufs: Vec<InOut<T>> = Vec::with_capacity(names.len());
-        for (i, (name, slot)) in names.iter().zip(&mut slots).enumerate() {
-            let size = to_usize(response.tensor_sizes.get(i).copied().unwrap_or(0));
-            bufs.push(
-                take_in_out::<T>(name, slot)
-                    .unwrap_or_else(|| InOut::Owned(vec![T::identity(op); size])),
-            );
+        let Some(&head) = parts.first() else {
+            return;
+        };
+        let op = head.reduce_op;
+        let tensor_name = |i: usize| parts.get(i).map_or("", |r| first_name(r));
+        let mut buffers: Vec<Buffer<T>> = Vec::with_capacity(slots.len());
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let lent = slot
+                .as_mut()
+                .is_some_and(|e| matches!(&e.input, Input::Lent(l) if l.holds::<T>()));
+            if lent {
+                buffers.push(Buffer::Lent);
+                continue;
+            }
+            let size = parts.get(i).map_or(0, |r| {
+                to_usize(r.tensor_sizes.first().copied().unwrap_or(0))
+            });
+            buffers.push(Buffer::Owned(
+                take_input::<T>(tensor_name(i), slot)
+                    .unwrap_or_else(|| vec![T::identity(op); size]),
+            ));
         }
         let device = device_of(&slots);
-        let mut views: Vec<&mut [T]> = bufs.iter_mut().map(InOut::as_mut_slice).collect();
+        let mut views: Vec<&mut [T]> = Vec::with_capacity(slots.len());
+        for (slot, buffer) in slots.iter_mut().zip(buffers.iter_mut()) {
+            let view = match (buffer, slot.as_mut().map(|e| &mut e.input)) {
+                (Buffer::Owned(data), _) => Some(data.as_mut_slice()),
+                (Buffer::Lent, Some(Input::Lent(lent))) => lent.as_mut_slice::<T>(),
+                (Buffer::Lent, _) => None,
+            };
+            // Checked above: a lent buffer of another type was replaced.
+            views.push(view.unwrap_or_default());
+        }
         let result = kolo_fusion::fused_allreduce(
             &mut self.backend,
             &mut self.buffers,
             device,
             &mut views,
             op,
-            scale_of(response),
-            &mut observer(&self.timeline, &names, activity::ALLREDUCE),
+            scale_of(head),
+            &mut observer(&self.timeline, names, activity::ALLREDUCE),
         );
-        for ((i, (name, slot)), buf) in names.iter().zip(slots).enumerate().zip(bufs) {
-            let shape = slot.as_ref().map_or_else(
-                || vec![response.tensor_sizes.get(i).copied().unwrap_or(0)],
-                |e| e.request.shape.clone(),
-            );
-            let (payload, lent) = buf.into_output();
-            let outcome = match &result {
-                Ok(()) => Ok(payload),
-                Err(e) => Err(Error::collective(name, e.clone())),
+        drop(views);
+        let timeline = self.timeline.is_enabled();
+        let mut done = Vec::with_capacity(slots.len());
+        for (i, (slot, buffer)) in slots.into_iter().zip(buffers).enumerate() {
+            if timeline {
+                let shape = slot.as_ref().map_or_else(
+                    || vec![parts[i].tensor_sizes.first().copied().unwrap_or(0)],
+                    |e| e.params.shape.to_vec(),
+                );
+                self.timeline
+                    .op_end(tensor_name(i), head.dtype.name(), &shape);
+            }
+            let Some(entry) = slot else { continue };
+            let outcome = match (&result, buffer) {
+                (Ok(()), Buffer::Owned(data)) => Ok(Box::new(data) as Payload),
+                (Ok(()), Buffer::Lent) => Ok(Box::new(()) as Payload),
+                (Err(e), _) => Err(Error::collective(tensor_name(i), e.clone())),
             };
-            self.finish(name, slot, outcome, response.dtype, &shape);
-            // A lent tensor goes back to its scope only now, completed.
-            drop(lent);
+            done.push((entry.part, outcome));
         }
+        // The lent tensors' submissions count them in only now, after the
+        // collective's last access to their memory.
+        complete_all(done);
     }
 
     /// Reduce-scatters the response's tensors, fused: each rank keeps its
@@ -92,7 +138,7 @@ impl<B: Backend> Engine<B> {
             let size = response.tensor_sizes.get(i).copied().unwrap_or(0);
             let shape = slot.as_ref().map_or_else(
                 || joined_shape(response, i, size),
-                |e| e.request.shape.clone(),
+                |e| e.params.shape.to_vec(),
             );
             let input = take_input::<T>(name, slot)
                 .unwrap_or_else(|| vec![T::identity(op); to_usize(size)]);

@@ -9,7 +9,10 @@
 //! [`fused_allreduce`], [`fused_allgather`] and [`fused_reduce_scatter`] run
 //! a fused response on any [`Collectives`](kolo_transport::Collectives)
 //! backend — copy in, one collective, copy out — reporting each [`Phase`] to
-//! the engine's timeline.
+//! the engine's timeline. Where the backend reduces scattered segments in
+//! place ([`Collectives::reduces_segments_in_place`](kolo_transport::Collectives::reduces_segments_in_place),
+//! the shared-memory backend), a fused allreduce is one collective straight
+//! over the tensors' own memory, with no fusion buffer and no copies.
 //!
 //! ```
 //! use kolo_fusion::plan;

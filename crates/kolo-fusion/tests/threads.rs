@@ -5,7 +5,7 @@ use kolo_fusion::{
     fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, FusionBuffers, FusionError, Phase,
 };
 use kolo_protocol::{Device, ReduceOp};
-use kolo_transport::{Collectives, Scale, Topology};
+use kolo_transport::{Collectives, Generic, Scale, Topology};
 
 fn ignore(_: Phase, _: Edge) {}
 
@@ -77,9 +77,56 @@ fn fused_allreduce_matches_unfused_and_reference() {
 }
 
 #[test]
+fn fused_allreduce_on_threads_is_one_collective_over_the_tensors() {
+    // Both paths of the threads backend: 3 x 10 f32 (small) and 3 x 30k f32.
+    for len in [10usize, 30_000] {
+        let results = kolo_threads::run(3, |comm| {
+            let rank = comm.rank();
+            let mut tensors: Vec<Vec<f32>> = (0..3)
+                .map(|t| (0..len).map(|i| value(rank, t, i) as f32).collect())
+                .collect();
+            let mut refs: Vec<&mut [f32]> = tensors.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut bufs = FusionBuffers::new();
+            let mut phases = Vec::new();
+            fused_allreduce(
+                comm,
+                &mut bufs,
+                Device::Cpu,
+                &mut refs,
+                ReduceOp::Average,
+                SCALE,
+                &mut |p, e| phases.push((p, e)),
+            )?;
+            let mut unfused: Vec<Vec<f32>> = (0..3)
+                .map(|t| (0..len).map(|i| value(rank, t, i) as f32).collect())
+                .collect();
+            for tensor in &mut unfused {
+                comm.allreduce(tensor, ReduceOp::Average, SCALE)?;
+            }
+            Ok::<_, FusionError>((tensors, unfused, phases, bufs.bytes_allocated()))
+        })
+        .unwrap();
+        for (tensors, unfused, phases, allocated) in results {
+            assert_eq!(
+                phases,
+                [
+                    (Phase::Collective, Edge::Start),
+                    (Phase::Collective, Edge::End)
+                ]
+            );
+            assert_eq!(allocated, 0, "no fusion buffer on the threads backend");
+            assert_eq!(tensors, unfused, "{len} elements");
+        }
+    }
+}
+
+#[test]
 fn large_fused_allreduce_copies_in_parallel() {
-    // 3 x 100k f64 = 2.4 MB, above the parallel copy threshold.
+    // 3 x 100k f64 = 2.4 MB, above the parallel copy threshold; through
+    // `Generic`, which packs (the threads backend itself does not).
     let results = kolo_threads::run(2, |comm| {
+        let mut comm = Generic(comm);
+        let comm = &mut comm;
         let rank = comm.rank() as i64;
         let mut tensors: Vec<Vec<i64>> = (0..3)
             .map(|t| (0..100_000).map(|i| i * (t + 1) + rank).collect())

@@ -52,6 +52,10 @@ fn suite_jobs() -> Vec<kolo_engine_suite::Job> {
     jobs
 }
 
+/// Whether the backend packs fused allreduces into the fusion buffer (see
+/// `judge`): MPI does (no native allreduce over segments).
+const PACKS: bool = true;
+
 /// The job whose results must equal `main_np3`'s.
 const VARIANT: &str = "main_np3_no_cache_no_fusion_funneled";
 
@@ -125,7 +129,7 @@ fn harness(exe: &Path) -> Vec<Verdict> {
             .lines()
             .filter_map(CaseLine::parse)
             .collect();
-        let mut v: Vec<Verdict> = judge(suite_job, &job_lines, dir.path())
+        let mut v: Vec<Verdict> = judge(suite_job, &job_lines, dir.path(), PACKS)
             .into_iter()
             .map(|s| {
                 Verdict::new(

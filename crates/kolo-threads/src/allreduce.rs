@@ -41,6 +41,11 @@ pub(crate) fn takes_small_path(bytes: usize, size: usize) -> bool {
 /// best of 4-256 KiB at 1-64 MiB on the 2-core developer machine).
 const BLOCK_BYTES: usize = 8 * 1024;
 
+/// Elements of `T` per block of the in-place path.
+pub(crate) fn block_len<T>() -> usize {
+    (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1)
+}
+
 pub(crate) fn allreduce<T: Element>(
     comm: &mut ThreadComm,
     buf: &mut [T],
@@ -105,37 +110,83 @@ fn in_place<T: Element>(
         ..
     } = comm;
     let (size, rank) = (world.size, *rank);
-    let block = (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    let block = block_len::<T>();
     let post = scale.postscale_for(op, size);
     let mut out = scratch.take::<T>(Slot::Out, block);
     let mut scaled = scratch.take::<T>(Slot::Scaled, 0);
 
     let mut round = Round::open(world, rank, Publication::new(call).in_place(buf))?;
+    let mut reduce = RunReducer {
+        rank,
+        op,
+        prescale: scale.prescale,
+        post,
+        out: &mut out,
+        scaled: &mut scaled,
+    };
     for range in blocks(round.schedule().chunk(rank), block) {
-        round.in_place_with::<T, _>(range.clone(), |own, peers| {
-            if let ([peer], 1.0) = (peers, scale.prescale) {
-                // Two ranks: one combination per element, straight into
-                // the own block (exact as in `reduce_many`).
-                T::reduce_into(own, peer, op);
-            } else {
-                // Reduce in rank order into the scratch block (f16/bf16
-                // accumulate in f32 and round once), then copy it back.
-                let acc = &mut out[..own.len()];
-                let mut srcs: Vec<&[T]> = Vec::with_capacity(size);
-                srcs.extend_from_slice(&peers[..rank]);
-                srcs.push(&*own);
-                srcs.extend_from_slice(&peers[rank..]);
-                reduce_scaled(acc, &srcs, op, scale.prescale, &mut scaled);
-                own.copy_from_slice(acc);
-            }
-            T::scale(own, post);
-        })?;
+        round.in_place_with::<T, _>(range.clone(), |own, peers| reduce.run(own, peers))?;
         round.in_place_spread::<T>(range)?;
     }
     round.close()?;
     scratch.put(Slot::Out, out);
     scratch.put(Slot::Scaled, scaled);
     Ok(())
+}
+
+/// Rank counts up to which [`RunReducer::run`] lists the sources on the
+/// stack.
+const STACK_RANKS: usize = 8;
+
+/// The in-place path's reduction of one block (or run) that this rank
+/// owns, shared by `allreduce` and `allreduce_segments` so that both reduce
+/// every element in the same order.
+pub(crate) struct RunReducer<'a, T> {
+    pub rank: usize,
+    pub op: ReduceOp,
+    pub prescale: f64,
+    /// The factor of [`Scale::postscale_for`].
+    pub post: f64,
+    /// Scratch of at least one block.
+    pub out: &'a mut [T],
+    /// The prescaled copies of [`reduce_scaled`].
+    pub scaled: &'a mut Vec<T>,
+}
+
+impl<T: Element> RunReducer<'_, T> {
+    /// `own = post * op_r(prescale * x_r)` over `own` (this rank's
+    /// elements) and `peers` (every other rank's, in rank order).
+    pub(crate) fn run(&mut self, own: &mut [T], peers: &[&[T]]) {
+        if let ([peer], 1.0) = (peers, self.prescale) {
+            // Two ranks: one combination per element, straight into the
+            // own block (exact as in `reduce_many`).
+            T::reduce_into(own, peer, self.op);
+        } else {
+            // Reduce in rank order into the scratch block (f16/bf16
+            // accumulate in f32 and round once), then copy it back.
+            let acc = &mut self.out[..own.len()];
+            let rank = self.rank.min(peers.len());
+            let mut on_stack: [&[T]; STACK_RANKS] = [&[]; STACK_RANKS];
+            let on_heap: Vec<&[T]>;
+            let srcs: &[&[T]] = if peers.len() < STACK_RANKS {
+                on_stack[..rank].copy_from_slice(&peers[..rank]);
+                on_stack[rank] = &*own;
+                on_stack[rank + 1..=peers.len()].copy_from_slice(&peers[rank..]);
+                &on_stack[..=peers.len()]
+            } else {
+                on_heap = peers[..rank]
+                    .iter()
+                    .copied()
+                    .chain(std::iter::once(&*own))
+                    .chain(peers[rank..].iter().copied())
+                    .collect();
+                &on_heap
+            };
+            reduce_scaled(acc, srcs, self.op, self.prescale, self.scaled);
+            own.copy_from_slice(acc);
+        }
+        T::scale(own, self.post);
+    }
 }
 
 pub(crate) fn reduce_scatter<T: Element>(

@@ -1,6 +1,7 @@
 //! What a rank says it is doing when it enters a collective: published at
 //! the start of every round so that every rank can check that all agree.
 
+use crate::shared::Segment;
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{BitOp, Element, Scale};
 use std::any::TypeId;
@@ -9,6 +10,7 @@ use std::any::TypeId;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Allreduce,
+    AllreduceSegments,
     Allgatherv,
     Broadcast,
     ReduceScatter,
@@ -26,6 +28,7 @@ impl Kind {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Kind::Allreduce => "allreduce",
+            Kind::AllreduceSegments => "allreduce_segments",
             Kind::Allgatherv => "allgatherv",
             Kind::Broadcast => "broadcast",
             Kind::ReduceScatter => "reduce_scatter",
@@ -125,7 +128,7 @@ impl Call {
 }
 
 /// What every rank can see of one rank's call once all have published:
-/// the call, its buffer lengths and its count arrays.
+/// the call, its buffer lengths, its count arrays and its segment table.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PeerArgs<'a> {
     pub call: Call,
@@ -137,6 +140,9 @@ pub(crate) struct PeerArgs<'a> {
     pub counts: &'a [usize],
     /// `recv_counts` of alltoallv.
     pub recv_counts: &'a [usize],
+    /// The segment table of allreduce_segments (only the lengths are
+    /// read here).
+    pub segments: &'a [Segment],
 }
 
 impl PeerArgs<'static> {
@@ -149,6 +155,7 @@ impl PeerArgs<'static> {
             recv_len: 0,
             counts: &[],
             recv_counts: &[],
+            segments: &[],
         }
     }
 }

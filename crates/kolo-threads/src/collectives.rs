@@ -3,7 +3,7 @@
 
 use crate::call::Kind;
 use crate::comm::ThreadComm;
-use crate::{allreduce, control, exchange};
+use crate::{allreduce, allreduce_segments, control, exchange};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Collectives, Element, MemoryKind, Result, Scale, Topology, Transaction};
 
@@ -84,6 +84,30 @@ impl Collectives for ThreadComm {
 
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
         let result = allreduce::allreduce(self, buf, op, scale);
+        self.observe(result)
+    }
+
+    /// True: [`Collectives::allreduce_segments`] is one round over the
+    /// segments where they lie.
+    fn reduces_segments_in_place(&self) -> bool {
+        true
+    }
+
+    /// One round straight over the segments, no fusion buffer: each rank
+    /// publishes a table of its segments, the opening barrier checks that
+    /// every rank passed the same segment lengths (and element type, op and
+    /// scale), and the segments are reduced as one virtual buffer, their
+    /// concatenation: on the small path into the scratch and back, on the
+    /// in-place path chunk by chunk straight between the ranks' segments.
+    /// The result is bit for bit that of `allreduce` over the packed
+    /// concatenation.
+    fn allreduce_segments<T: Element>(
+        &mut self,
+        segments: &mut [&mut [T]],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()> {
+        let result = allreduce_segments::allreduce_segments(self, segments, op, scale);
         self.observe(result)
     }
 

@@ -1,6 +1,7 @@
 //! One rank's handle on a communicator.
 
 use crate::scratch::Scratch;
+use crate::shared::SegmentTable;
 use crate::world::World;
 use kolo_transport::TransportError;
 use std::cell::Cell;
@@ -20,6 +21,8 @@ pub struct ThreadComm {
     pub(crate) world: Arc<World>,
     pub(crate) rank: usize,
     pub(crate) scratch: Scratch,
+    /// The table `allreduce_segments` publishes, refilled by every call.
+    pub(crate) segments: SegmentTable,
     /// Set when a call of this rank failed because a peer did.
     followed_peer: Cell<bool>,
 }
@@ -30,6 +33,7 @@ impl ThreadComm {
             world,
             rank,
             scratch: Scratch::default(),
+            segments: SegmentTable::default(),
             followed_peer: Cell::new(false),
         }
     }

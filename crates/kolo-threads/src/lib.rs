@@ -9,7 +9,9 @@
 //! plane ([`Controller`]) and the host data plane ([`Collectives`]) — with
 //! shared-memory algorithms and no staging copies: the ranks publish their
 //! buffers' addresses and read each other's in place (allreduce reduces
-//! each rank's 1/n chunk straight from the peers' buffers), a send copies
+//! each rank's 1/n chunk straight from the peers' buffers;
+//! `allreduce_segments` does the same over scattered segments, such as the
+//! tensors of a fused response, where they lie), a send copies
 //! straight into the peer's posted receive or else into a per-(source,
 //! destination, tag) mailbox (large `sendrecv`s lend their buffer for the
 //! receiver to copy once), and barriers spin briefly before they sleep. Arguments that do not fit together across
@@ -42,6 +44,7 @@
 //! ```
 
 mod allreduce;
+mod allreduce_segments;
 mod backoff;
 mod barrier;
 mod call;

@@ -44,6 +44,11 @@ impl Schedule {
         }
     }
 
+    /// The schedule of no elements, which allocates nothing.
+    pub(crate) const fn none() -> Self {
+        Schedule { chunks: Vec::new() }
+    }
+
     /// Chunk `rank`.
     pub(crate) fn chunk(&self, rank: usize) -> Range<usize> {
         self.chunks.get(rank).cloned().unwrap_or(0..0)
@@ -63,6 +68,87 @@ pub(crate) fn blocks(range: Range<usize>, block: usize) -> impl Iterator<Item = 
         .clone()
         .step_by(block)
         .map(move |start| start..(start + block).min(range.end))
+}
+
+/// A piece of a block that lies within one segment (see [`runs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    /// The segment's index.
+    pub segment: usize,
+    /// The run's elements within that segment.
+    pub within: Range<usize>,
+    /// The same elements in the concatenation of the segments.
+    pub at: Range<usize>,
+}
+
+impl Run {
+    /// Elements in the run.
+    pub(crate) fn len(&self) -> usize {
+        self.at.len()
+    }
+}
+
+/// `range` of the concatenation of segments of lengths `lens`, cut into
+/// blocks of at most `block` elements (from `range.start`, as [`blocks`]),
+/// each block cut again where a segment ends: no run crosses a segment
+/// boundary, empty segments give no runs. Stops early if the segments end
+/// before `range` does.
+pub(crate) fn runs<I: Iterator<Item = usize>>(
+    lens: I,
+    range: Range<usize>,
+    block: usize,
+) -> Runs<I> {
+    Runs {
+        lens,
+        segments_seen: 0,
+        segment: 0..0,
+        pos: range.start,
+        end: range.end,
+        block_end: range.start,
+        block: block.max(1),
+    }
+}
+
+/// The iterator of [`runs`].
+#[derive(Clone, Debug)]
+pub(crate) struct Runs<I> {
+    lens: I,
+    /// Segments taken from `lens` so far; the current one is the last.
+    segments_seen: usize,
+    /// The current segment in the concatenation.
+    segment: Range<usize>,
+    pos: usize,
+    end: usize,
+    block_end: usize,
+    block: usize,
+}
+
+impl<I: Iterator<Item = usize>> Iterator for Runs<I> {
+    type Item = Run;
+
+    fn next(&mut self) -> Option<Run> {
+        if self.pos >= self.end {
+            return None;
+        }
+        while self.segment.end <= self.pos {
+            let len = self.lens.next()?;
+            let start = self.segment.end;
+            self.segment = start..start.checked_add(len)?;
+            self.segments_seen += 1;
+        }
+        if self.pos >= self.block_end {
+            self.block_end = self.pos.saturating_add(self.block).min(self.end);
+        }
+        let end = self.block_end.min(self.segment.end);
+        let offset = self.segment.start;
+        let run = Run {
+            segment: self.segments_seen - 1,
+            within: self.pos - offset..end - offset,
+            at: self.pos..end,
+        };
+        self.pos = end;
+        Some(run)
+    }
 }
 
 /// True if `inner` lies within `outer` (an empty `inner` inside or at the
@@ -125,6 +211,58 @@ mod tests {
                 prop_assert_eq!(touching, 1, "element {}", i);
             }
         }
+    }
+
+    proptest! {
+        /// Runs tile the range in order, each inside one segment and one
+        /// block, at the right offset within its segment.
+        #[test]
+        fn runs_tile_the_range_within_segments_and_blocks(
+            lens in prop::collection::vec(0usize..300, 0..40),
+            cut in (0usize..=1000, 0usize..=1000),
+            block in 1usize..200,
+        ) {
+            let total: usize = lens.iter().sum();
+            let (a, b) = (cut.0.min(total), cut.1.min(total));
+            let range = a.min(b)..a.max(b);
+            let starts: Vec<usize> = lens
+                .iter()
+                .scan(0, |at, &len| { let start = *at; *at += len; Some(start) })
+                .collect();
+            let mut next = range.start;
+            let mut last_segment = 0;
+            for run in runs(lens.iter().copied(), range.clone(), block) {
+                prop_assert_eq!(run.at.start, next);
+                prop_assert!(!run.at.is_empty());
+                prop_assert!(run.segment >= last_segment);
+                last_segment = run.segment;
+                let start = starts[run.segment];
+                prop_assert!(lens[run.segment] > 0);
+                prop_assert_eq!(run.within.clone(), run.at.start - start..run.at.end - start);
+                prop_assert!(run.within.end <= lens[run.segment]);
+                // Within one block of `blocks(range, block)`.
+                let block_index = (run.at.start - range.start) / block;
+                prop_assert!(run.at.end <= range.start + (block_index + 1) * block);
+                next = run.at.end;
+            }
+            prop_assert_eq!(next, range.end);
+        }
+    }
+
+    #[test]
+    fn runs_split_blocks_at_segment_ends_and_skip_empty_segments() {
+        let lens = [3usize, 0, 5, 1];
+        let got: Vec<(usize, Range<usize>)> = runs(lens.into_iter(), 1..9, 4)
+            .map(|r| (r.segment, r.within))
+            .collect();
+        // Blocks 1..5 and 5..9; segments at 0..3, 3..3, 3..8, 8..9.
+        assert_eq!(got, [(0, 1..3), (2, 0..2), (2, 2..5), (3, 0..1)]);
+        assert_eq!(
+            runs([2usize].into_iter(), 0..5, 8).count(),
+            1,
+            "stops with the segments"
+        );
+        assert_eq!(runs(std::iter::empty(), 0..0, 8).count(), 0);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub(crate) fn check(args: &[PeerArgs<'_>]) -> Result<(), String> {
     same_call(args)
         .and_then(|()| match kind {
             Kind::Allreduce | Kind::BitwiseAllreduce => equal_send_lens(args),
+            Kind::AllreduceSegments => same_segments(args),
             Kind::Broadcast => broadcast(args),
             Kind::Allgatherv => allgatherv(args),
             Kind::ReduceScatter => reduce_scatter(args),
@@ -101,6 +102,34 @@ fn equal_send_lens(args: &[PeerArgs<'_>]) -> Result<(), String> {
         )),
         None => Ok(()),
     }
+}
+
+/// Every rank published as many segments as rank 0, each as long as rank
+/// 0's.
+fn same_segments(args: &[PeerArgs<'_>]) -> Result<(), String> {
+    let first = args[0].segments;
+    for (rank, a) in args.iter().enumerate().skip(1) {
+        if a.segments.len() != first.len() {
+            return Err(format!(
+                "rank {rank} passed {} segments but rank 0 passed {}",
+                a.segments.len(),
+                first.len()
+            ));
+        }
+        let differing = a
+            .segments
+            .iter()
+            .zip(first)
+            .position(|(s, f)| s.len() != f.len());
+        if let Some(i) = differing {
+            return Err(format!(
+                "rank {rank}'s segment {i} holds {} elements but rank 0's holds {}",
+                a.segments[i].len(),
+                first[i].len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn broadcast(args: &[PeerArgs<'_>]) -> Result<(), String> {
@@ -227,6 +256,7 @@ fn alltoallv(args: &[PeerArgs<'_>]) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::call::Call;
+    use crate::shared::Segment;
     use kolo_protocol::ReduceOp;
     use kolo_transport::Scale;
     use proptest::prelude::*;
@@ -306,6 +336,46 @@ mod tests {
         assert!(
             err.contains("rank 0's buffer holds 3 elements but the root's (rank 1) holds 2"),
             "{err}"
+        );
+    }
+
+    fn segments(call: Call, table: &[Segment]) -> PeerArgs<'_> {
+        PeerArgs {
+            segments: table,
+            ..PeerArgs::bare(call)
+        }
+    }
+
+    #[test]
+    fn segment_counts_and_lengths_must_agree() {
+        let table = |lens: &[usize]| -> Vec<Segment> {
+            lens.iter().map(|&len| Segment::len_only(len)).collect()
+        };
+        let sum = Call::reduce::<f32>(Kind::AllreduceSegments, ReduceOp::Sum, Scale::NONE);
+        let (a, b, c) = (table(&[4, 0, 7]), table(&[4, 0]), table(&[4, 1, 7]));
+        let seg = |t| segments(sum, t);
+        assert_eq!(check(&[seg(&a), seg(&a), seg(&a)]), Ok(()));
+        assert_eq!(check(&[seg(&[]), seg(&[])]), Ok(()));
+        assert_eq!(
+            check(&[seg(&a), seg(&a), seg(&b)]).unwrap_err(),
+            "allreduce_segments: rank 2 passed 2 segments but rank 0 passed 3"
+        );
+        assert_eq!(
+            check(&[seg(&a), seg(&c)]).unwrap_err(),
+            "allreduce_segments: rank 1's segment 1 holds 1 elements but rank 0's holds 0"
+        );
+        let max = Call::reduce::<f32>(Kind::AllreduceSegments, ReduceOp::Max, Scale::NONE);
+        assert!(check(&[seg(&a), segments(max, &a)])
+            .unwrap_err()
+            .contains("rank 1 asked for max while rank 0 asked for sum"));
+        let ar = PeerArgs::bare(Call::reduce::<f32>(
+            Kind::Allreduce,
+            ReduceOp::Sum,
+            Scale::NONE,
+        ));
+        assert_eq!(
+            check(&[seg(&a), ar]).unwrap_err(),
+            "collective mismatch: rank 1 called allreduce while rank 0 called allreduce_segments"
         );
     }
 

@@ -67,6 +67,17 @@ impl<C: Collectives> Collectives for &mut C {
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
         (**self).allreduce(buf, op, scale)
     }
+    fn reduces_segments_in_place(&self) -> bool {
+        (**self).reduces_segments_in_place()
+    }
+    fn allreduce_segments<T: Element>(
+        &mut self,
+        segments: &mut [&mut [T]],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()> {
+        (**self).allreduce_segments(segments, op, scale)
+    }
     fn allgatherv<T: Element>(
         &mut self,
         send: &[T],

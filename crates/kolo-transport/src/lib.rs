@@ -3,8 +3,8 @@
 //!
 //! A backend implements [`Topology`] (who am I), [`Controller`] (the control
 //! plane: small byte messages for negotiation) and [`Collectives`] (the data
-//! plane: allreduce, allgatherv, broadcast, reduce-scatter, alltoallv,
-//! send/recv, barrier, transactions). Only `send` and `recv` are required of
+//! plane: allreduce, also over scattered segments, allgatherv, broadcast,
+//! reduce-scatter, alltoallv, send/recv, barrier, transactions). Only `send` and `recv` are required of
 //! the data plane: every collective defaults to a generic algorithm of
 //! [`algorithms`] (ring allreduce, ring allgatherv, binomial-tree broadcast,
 //! ...), which backends with native collectives override. [`Element`] is

@@ -150,6 +150,44 @@ pub trait Collectives: Topology {
         crate::algorithms::ring_allreduce(self, buf, op, scale)
     }
 
+    /// True when [`Collectives::allreduce_segments`] reduces the segments
+    /// where they lie, as one collective with one synchronisation: callers
+    /// that would otherwise pack several tensors into a fusion buffer
+    /// (kolo-fusion) should hand them over as segments instead and skip
+    /// the two copies. The default is `false`: the default
+    /// `allreduce_segments` runs one allreduce per segment, so packing is
+    /// faster there.
+    fn reduces_segments_in_place(&self) -> bool {
+        false
+    }
+
+    /// In place, as one collective: allreduces `segments` as if they were
+    /// concatenated in order into one buffer and reduced with
+    /// [`Collectives::allreduce`] (same `op` and `scale` semantics; element
+    /// `i` of segment `s` is reduced with element `i` of every rank's
+    /// segment `s`). Every rank passes the same number of segments with
+    /// the same lengths (as every rank of a fused response does); zero
+    /// segments and empty segments are allowed.
+    ///
+    /// The default runs one [`Collectives::allreduce`] per segment, in
+    /// order: correct on every backend, but one synchronisation per
+    /// segment. Backends that can reduce scattered memory natively override
+    /// it together with [`Collectives::reduces_segments_in_place`].
+    fn allreduce_segments<T: Element>(
+        &mut self,
+        segments: &mut [&mut [T]],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        for segment in segments.iter_mut() {
+            self.allreduce(segment, op, scale)?;
+        }
+        Ok(())
+    }
+
     /// Concatenates every rank's `send` in rank order into `recv`.
     /// `counts[r]` is rank r's element count; `send.len() == counts[rank]`
     /// and `recv.len() == sum(counts)`.

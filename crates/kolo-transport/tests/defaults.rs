@@ -272,3 +272,88 @@ fn a_mut_borrow_forwards_overridden_collectives() {
     let borrowed = &mut comm;
     assert_eq!(Topology::size(&borrowed), 1);
 }
+
+/// Counts the calls of its own segment allreduce, which claims to work in
+/// place.
+#[derive(Default)]
+struct Segmented {
+    inner: Loopback,
+    native_segments: usize,
+}
+
+impl Topology for Segmented {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn local_size(&self) -> usize {
+        1
+    }
+}
+
+impl Collectives for Segmented {
+    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.inner.send(buf, peer, tag)
+    }
+    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.inner.recv(buf, peer, tag)
+    }
+    fn reduces_segments_in_place(&self) -> bool {
+        true
+    }
+    fn allreduce_segments<T: Element>(
+        &mut self,
+        segments: &mut [&mut [T]],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()> {
+        self.native_segments += 1;
+        for segment in segments.iter_mut() {
+            self.inner.allreduce(segment, op, scale)?;
+        }
+        Ok(())
+    }
+}
+
+fn segments_through<C: Collectives>(mut comm: C) -> Result<bool> {
+    let (mut a, mut b) = ([1i32, 2], [3i32]);
+    let scale = Scale {
+        prescale: 2.0,
+        postscale: 1.0,
+    };
+    comm.allreduce_segments(&mut [&mut a[..], &mut [], &mut b[..]], ReduceOp::Sum, scale)?;
+    assert_eq!((a, b), ([2, 4], [6]));
+    Ok(comm.reduces_segments_in_place())
+}
+
+#[test]
+fn the_default_segment_allreduce_runs_one_allreduce_per_segment() {
+    let mut comm = Loopback::default();
+    assert!(!segments_through(&mut comm).unwrap());
+    assert_eq!(
+        comm.native, 3,
+        "one allreduce per segment, the empty one too"
+    );
+    comm.allreduce_segments::<f32>(&mut [], ReduceOp::Sum, Scale::NONE)
+        .unwrap();
+    assert_eq!(comm.native, 3, "no segments, no allreduce");
+}
+
+#[test]
+fn a_mut_borrow_forwards_the_segment_allreduce_and_generic_does_not() {
+    let mut comm = Segmented::default();
+    assert!(segments_through(&mut comm).unwrap());
+    assert!(segments_through(&mut &mut comm).unwrap());
+    assert_eq!(comm.native_segments, 2, "&mut C must call C's own");
+    assert!(!segments_through(Generic(&mut comm)).unwrap());
+    assert_eq!(comm.native_segments, 2, "Generic must keep the default");
+    assert_eq!(
+        comm.inner.native, 6,
+        "Generic's default runs the generic ring, not the inner allreduce"
+    );
+}

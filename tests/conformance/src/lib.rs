@@ -14,7 +14,9 @@
 //!
 //! - [`run_suite`]: everything (every operation, every dtype, counts 0, 1,
 //!   n-1, 2n+1, 1021 and one large case of 4 MiB per operation for a few
-//!   dtypes, the control plane).
+//!   dtypes, the control plane; `allreduce_segments` over no segments, one,
+//!   segments of those counts, 1,000 segments of 1,024 elements and 4 MiB
+//!   of uneven segments).
 //! - `check_*`: one case of one operation, for finer-grained `#[test]`s.
 //! - [`random_cases_strategy`] / [`random_cases`] and [`run_random_cases`]:
 //!   random sequences of collectives for property tests.
@@ -46,14 +48,17 @@ mod suite;
 mod values;
 
 pub use checks::{
-    check_allgather_bytes, check_allgatherv, check_allreduce, check_alltoallv, check_barrier,
-    check_barrier_counter, check_bitwise_allreduce, check_broadcast, check_broadcast_bytes,
-    check_control_barrier, check_controller, check_gather_bytes, check_reduce_scatter,
-    check_send_recv, check_sendrecv, check_transaction,
+    check_allgather_bytes, check_allgatherv, check_allreduce, check_allreduce_segments,
+    check_alltoallv, check_barrier, check_barrier_counter, check_bitwise_allreduce,
+    check_broadcast, check_broadcast_bytes, check_control_barrier, check_controller,
+    check_gather_bytes, check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
 };
 pub use failure::Failure;
 pub use random::{
     random_case, random_cases, random_cases_strategy, run_random_cases, RandomCase, RandomOp,
 };
-pub use suite::{run_suite, small_counts, Report, SuiteOptions, MEDIUM_COUNT};
-pub use values::{alltoall_count, uneven_counts};
+pub use suite::{
+    run_suite, small_counts, small_segment_layouts, Report, SuiteOptions, MANY_SEGMENTS,
+    MEDIUM_COUNT,
+};
+pub use values::{alltoall_count, uneven_counts, uneven_segments};

@@ -3,12 +3,12 @@
 //! rank, each result checked against the reference.
 
 use crate::checks::{
-    check_allgatherv, check_allreduce, check_alltoallv, check_barrier, check_broadcast,
-    check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
+    check_allgatherv, check_allreduce, check_allreduce_segments, check_alltoallv, check_barrier,
+    check_broadcast, check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
 };
 use crate::failure::Failure;
 use crate::suite::{Report, SCALED};
-use crate::values::uneven_counts;
+use crate::values::{uneven_counts, uneven_segments};
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{with_element_type, Collectives, Controller, Scale};
 use proptest::prelude::*;
@@ -20,6 +20,8 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 pub enum RandomOp {
     /// [`crate::check_allreduce`].
     Allreduce,
+    /// [`crate::check_allreduce_segments`] with [`crate::uneven_segments`].
+    AllreduceSegments,
     /// [`crate::check_reduce_scatter`] with [`crate::uneven_counts`].
     ReduceScatter,
     /// [`crate::check_allgatherv`] with [`crate::uneven_counts`].
@@ -40,8 +42,9 @@ pub enum RandomOp {
 
 impl RandomOp {
     /// Every operation.
-    pub const ALL: [RandomOp; 9] = [
+    pub const ALL: [RandomOp; 10] = [
         RandomOp::Allreduce,
+        RandomOp::AllreduceSegments,
         RandomOp::ReduceScatter,
         RandomOp::Allgatherv,
         RandomOp::Broadcast,
@@ -55,6 +58,7 @@ impl RandomOp {
     fn name(self) -> &'static str {
         match self {
             RandomOp::Allreduce => "allreduce",
+            RandomOp::AllreduceSegments => "allreduce_segments",
             RandomOp::ReduceScatter => "reduce_scatter",
             RandomOp::Allgatherv => "allgatherv",
             RandomOp::Broadcast => "broadcast",
@@ -151,6 +155,9 @@ fn run_case<C: Collectives + Controller>(comm: &mut C, case: &RandomCase) -> Res
     let count = case.count;
     with_element_type!(case.dtype, T => match case.op {
         RandomOp::Allreduce => check_allreduce::<T, C>(comm, count, case.reduce, scale),
+        RandomOp::AllreduceSegments => {
+            check_allreduce_segments::<T, C>(comm, &uneven_segments(count), case.reduce, scale)
+        }
         RandomOp::ReduceScatter => {
             check_reduce_scatter::<T, C>(comm, &uneven_counts(count, n), case.reduce, scale)
         }

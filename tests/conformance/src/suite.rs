@@ -2,11 +2,12 @@
 //! rank.
 
 use crate::checks::{
-    check_allgatherv, check_allreduce, check_alltoallv, check_barrier, check_broadcast,
-    check_controller, check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
+    check_allgatherv, check_allreduce, check_allreduce_segments, check_alltoallv, check_barrier,
+    check_broadcast, check_controller, check_reduce_scatter, check_send_recv, check_sendrecv,
+    check_transaction,
 };
 use crate::failure::Failure;
-use crate::values::uneven_counts;
+use crate::values::{uneven_counts, uneven_segments};
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{with_element_type, Collectives, Controller, Element, Scale};
 use std::collections::BTreeMap;
@@ -100,6 +101,20 @@ pub fn small_counts(size: usize) -> Vec<usize> {
     counts
 }
 
+/// The segment layouts of the small `allreduce_segments` cases for `size`
+/// ranks: no segments, one of `2 size + 1`, and every small count (empty
+/// ones twice) in one call.
+pub fn small_segment_layouts(size: usize) -> Vec<Vec<usize>> {
+    let mut mixed = small_counts(size);
+    mixed.reverse();
+    mixed.push(0);
+    vec![vec![], vec![2 * size + 1], mixed]
+}
+
+/// Segments of the large `allreduce_segments` case: 1,000 of 1,024
+/// elements (a fused response of many small tensors).
+pub const MANY_SEGMENTS: [usize; 1000] = [1024; 1000];
+
 /// The scaled variant every reduction is also run with.
 pub(crate) const SCALED: Scale = Scale {
     prescale: 0.5,
@@ -169,6 +184,14 @@ fn run_small<T: Element, C: Collectives + Controller>(
         check_transaction::<T, C>(comm, count)?;
         report.add("transaction", 1);
     }
+    for lens in small_segment_layouts(n) {
+        for op in ReduceOp::ALL {
+            for scale in [Scale::NONE, SCALED] {
+                check_allreduce_segments::<T, C>(comm, &lens, op, scale)?;
+                report.add("allreduce_segments", 1);
+            }
+        }
+    }
     Ok(())
 }
 
@@ -183,6 +206,9 @@ fn run_large<T: Element, C: Collectives + Controller>(
     let per_rank = count / n;
     check_allreduce::<T, C>(comm, count, ReduceOp::Sum, SCALED)?;
     report.add("allreduce", 1);
+    check_allreduce_segments::<T, C>(comm, &MANY_SEGMENTS, ReduceOp::Sum, Scale::NONE)?;
+    check_allreduce_segments::<T, C>(comm, &uneven_segments(count), ReduceOp::Average, SCALED)?;
+    report.add("allreduce_segments", 2);
     check_reduce_scatter::<T, C>(
         comm,
         &uneven_counts(per_rank, n),
@@ -210,6 +236,14 @@ mod tests {
         assert_eq!(small_counts(1), vec![0, 1, 3, MEDIUM_COUNT]);
         assert_eq!(small_counts(4), vec![0, 1, 3, 9, MEDIUM_COUNT]);
         assert!(small_counts(8).iter().any(|c| c % 8 != 0));
+    }
+
+    #[test]
+    fn segment_layouts_cover_none_one_and_the_small_counts() {
+        let layouts = small_segment_layouts(4);
+        assert_eq!(layouts[0], Vec::<usize>::new());
+        assert_eq!(layouts[1], vec![9]);
+        assert_eq!(layouts[2], vec![MEDIUM_COUNT, 9, 3, 1, 0, 0]);
     }
 
     #[test]

@@ -157,6 +157,25 @@ pub fn uneven_counts(base: usize, size: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Segment lengths that add up to `total`: pieces of 1, 0, 7, 1021, 4099,
+/// 65,537 and 250,007 elements in turn (the last one cut short), so that
+/// segments are empty, tiny, odd and large, and cross every block size.
+/// No segments for a total of 0.
+pub fn uneven_segments(total: usize) -> Vec<usize> {
+    const PIECES: [usize; 7] = [1, 0, 7, 1021, 4099, 65_537, 250_007];
+    let mut lens = Vec::new();
+    let mut left = total;
+    for piece in PIECES.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        let len = (*piece).min(left);
+        lens.push(len);
+        left -= len;
+    }
+    lens
+}
+
 /// Elements rank `src` sends to rank `dst` in the alltoallv case of
 /// `base`: 0 for a third of the pairs, otherwise between `base` and
 /// `2 * base`.
@@ -189,6 +208,17 @@ mod tests {
             inputs::<u16>(50, Values::General, salt, 0, 0),
             inputs::<u16>(50, Values::General, salt, 1, 0)
         );
+    }
+
+    #[test]
+    fn uneven_segments_add_up() {
+        assert_eq!(uneven_segments(0), Vec::<usize>::new());
+        assert_eq!(uneven_segments(1), vec![1]);
+        assert_eq!(uneven_segments(20), vec![1, 0, 7, 12]);
+        for total in [3, 1021, 4 << 20] {
+            assert_eq!(uneven_segments(total).iter().sum::<usize>(), total);
+        }
+        assert!(uneven_segments(1 << 20).len() > 10);
     }
 
     #[test]

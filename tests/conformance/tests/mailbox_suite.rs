@@ -2,7 +2,8 @@
 //! generic algorithms), and the suite catching broken backends.
 
 use kolo_conformance::{
-    check_allreduce, check_broadcast, mailbox, run_random_cases, run_suite, Failure, SuiteOptions,
+    check_allreduce, check_allreduce_segments, check_broadcast, mailbox, run_random_cases,
+    run_suite, Failure, SuiteOptions,
 };
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{BitOp, Collectives, Controller, Element, Result, Scale, Topology};
@@ -154,6 +155,30 @@ fn a_wrong_element_fails_on_every_rank_naming_rank_and_index() {
             }
             _ => panic!("rank {rank}: unexpected failure {failure:?}"),
         }
+    }
+}
+
+#[test]
+fn a_wrong_segment_element_is_reported_at_its_index_in_the_concatenation() {
+    // The default allreduce_segments runs the broken allreduce per segment:
+    // only the 5-element segment has an index 3.
+    let results = mailbox::run(3, |comm| {
+        let mut broken = Broken {
+            inner: comm,
+            flaw: Flaw::AllreduceElement { rank: 2, index: 3 },
+        };
+        check_allreduce_segments::<f32, _>(&mut broken, &[2, 0, 5], ReduceOp::Max, Scale::NONE)
+    });
+    for (rank, result) in results.into_iter().enumerate() {
+        let failure = result.expect_err("the corrupted segment must fail");
+        assert_eq!(failure.rank(), 2, "rank {rank}: {failure}");
+        assert!(
+            failure
+                .case()
+                .starts_with("allreduce_segments dtype=f32 lens=[2, 0, 5] total=7 op=max"),
+            "{failure}"
+        );
+        assert!(failure.to_string().contains("rank 2, index 5"), "{failure}");
     }
 }
 

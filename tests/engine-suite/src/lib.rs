@@ -15,7 +15,9 @@
 //!    [`CaseLine::parse`] reads back when the ranks are processes);
 //! 2. it hands every rank's lines to [`judge`], which gives one [`Verdict`]
 //!    per case (every rank passed it, and result digests agree across
-//!    ranks) and checks the job's timeline file;
+//!    ranks) and checks the job's timeline file (with the fusion buffer's
+//!    copies if the backend packs fused allreduces: MPI does, kolo-threads
+//!    reduces the tensors in place);
 //! 3. [`compare_digests`] checks that two jobs that differ only in how
 //!    results are reached (cache, fusion, thread level) reached the same
 //!    results.
@@ -39,7 +41,8 @@
 //!     Ok(lines)
 //! })?;
 //! let lines: Vec<_> = lines.into_iter().flatten().collect();
-//! assert!(judge(&job, &lines, &dir).iter().all(|v| v.failure.is_none()));
+//! // kolo-threads reduces fused allreduces in place: it does not pack.
+//! assert!(judge(&job, &lines, &dir, false).iter().all(|v| v.failure.is_none()));
 //! # Ok::<(), kolo::Error>(())
 //! ```
 

@@ -119,8 +119,11 @@ impl Verdict {
 
 /// The verdicts of `job` from every rank's `lines`: one per case (every
 /// rank reported it ok, and its digests agree across ranks), and one for
-/// the timeline rank 0 wrote in `dir` if the job has one.
-pub fn judge(job: &Job, lines: &[CaseLine], dir: &Path) -> Vec<Verdict> {
+/// the timeline rank 0 wrote in `dir` if the job has one. `packs`: whether
+/// the backend packs fused allreduces into the fusion buffer (MPI), so
+/// that the fused row must also show `MEMCPY_IN_FUSION_BUFFER` and
+/// `MEMCPY_OUT_FUSION_BUFFER`; kolo-threads reduces the tensors in place.
+pub fn judge(job: &Job, lines: &[CaseLine], dir: &Path, packs: bool) -> Vec<Verdict> {
     let mut verdicts: Vec<Verdict> = job
         .cases
         .iter()
@@ -130,7 +133,7 @@ pub fn judge(job: &Job, lines: &[CaseLine], dir: &Path) -> Vec<Verdict> {
         })
         .collect();
     if job.timeline {
-        let failure = timeline::verify(&job.timeline_path(dir), job.ranks).err();
+        let failure = timeline::verify(&job.timeline_path(dir), job.ranks, packs).err();
         let name = format!("{}::timeline_file_holds_the_events", job.name);
         verdicts.push(Verdict::new(name, failure));
     }

@@ -77,6 +77,62 @@ impl Collectives for Loopback {
     }
 }
 
+/// The loopback claiming to reduce segments in place: counts its
+/// `allreduce_segments` calls and runs the trait's default (one allreduce
+/// per segment).
+#[derive(Default)]
+struct InPlaceLoopback {
+    inner: Loopback,
+    segment_calls: usize,
+}
+
+impl Topology for InPlaceLoopback {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn local_size(&self) -> usize {
+        1
+    }
+}
+
+impl Collectives for InPlaceLoopback {
+    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> kolo_transport::Result<()> {
+        self.inner.send(buf, peer, tag)
+    }
+
+    fn recv<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        peer: usize,
+        tag: u32,
+    ) -> kolo_transport::Result<()> {
+        self.inner.recv(buf, peer, tag)
+    }
+
+    fn reduces_segments_in_place(&self) -> bool {
+        true
+    }
+
+    fn allreduce_segments<T: Element>(
+        &mut self,
+        segments: &mut [&mut [T]],
+        op: ReduceOp,
+        scale: Scale,
+    ) -> kolo_transport::Result<()> {
+        self.segment_calls += 1;
+        for segment in segments.iter_mut() {
+            self.inner.allreduce(segment, op, scale)?;
+        }
+        Ok(())
+    }
+}
+
 /// Records the observed phases.
 fn recorder(log: &mut Vec<(Phase, Edge)>) -> impl FnMut(Phase, Edge) + '_ {
     move |phase, edge| log.push((phase, edge))
@@ -142,6 +198,46 @@ fn allreduce_scales_each_tensor_and_reports_phases() {
         3 * 8,
         "a single tensor needs no fusion buffer"
     );
+}
+
+#[test]
+fn allreduce_on_in_place_segments_is_one_collective_without_a_buffer() {
+    let mut comm = InPlaceLoopback::default();
+    let mut bufs = FusionBuffers::new();
+    let (mut a, mut b, mut c) = (vec![1.0f64, 2.0], vec![], vec![3.0f64]);
+    let mut log = Vec::new();
+    let scale = Scale {
+        prescale: 2.0,
+        postscale: 1.5,
+    };
+    fused_allreduce(
+        &mut comm,
+        &mut bufs,
+        Device::Cpu,
+        &mut [&mut a, &mut b, &mut c],
+        ReduceOp::Sum,
+        scale,
+        &mut recorder(&mut log),
+    )
+    .unwrap();
+    assert_eq!((a, b, c), (vec![3.0, 6.0], vec![], vec![9.0]));
+    assert_eq!(log, ALONE, "no MEMCPY phases");
+    assert_eq!(comm.segment_calls, 1, "one allreduce_segments");
+    assert_eq!(bufs.bytes_allocated(), 0, "no fusion buffer");
+
+    // A single tensor still takes plain allreduce.
+    let mut d = vec![5i32];
+    fused_allreduce(
+        &mut comm,
+        &mut bufs,
+        Device::Cpu,
+        &mut [&mut d],
+        ReduceOp::Sum,
+        Scale::NONE,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!((d, comm.segment_calls), (vec![5], 1));
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Running fused responses on any [`Collectives`](kolo_transport::Collectives)
 //! backend: copy in, one collective, copy out — written once for every
-//! backend.
+//! backend. A fused allreduce on a backend that reduces scattered segments
+//! in place (kolo-threads) skips the copies: one collective straight over
+//! the tensors.
 //!
 //! Each helper reports its phases to an observer so that the engine can
 //! record them as timeline activities.

@@ -5,6 +5,7 @@ mod bomb;
 mod collectives;
 mod control;
 mod failures;
+mod segments;
 
 use crate::{run, ThreadComm};
 use kolo_transport::TransportError;

@@ -7,7 +7,11 @@ use crate::traits::{BitOp, Collectives, Controller, MemoryKind, Topology};
 
 /// Wraps a backend so that only its `send`, `recv` and `sendrecv` are used:
 /// every collective then runs the generic algorithms of this module (the
-/// control plane, if any, is forwarded unchanged). Used to test the generic
+/// control plane, if any, is forwarded unchanged). That includes
+/// [`Collectives::allreduce_segments`] and
+/// [`Collectives::reduces_segments_in_place`], which keep their defaults
+/// (one generic allreduce per segment; no in-place segments) instead of
+/// the backend's. Used to test the generic
 /// algorithms over any backend (the threads backend in CI):
 /// `Generic(&mut *comm)` borrows a communicator for a while.
 #[derive(Debug)]
@@ -28,6 +32,8 @@ impl<C: Topology> Topology for Generic<C> {
     }
 }
 
+/// Forwards only the point-to-point methods: `allreduce_segments` and
+/// `reduces_segments_in_place` stay the trait's defaults on purpose.
 impl<C: Collectives> Collectives for Generic<C> {
     fn memory(&self) -> MemoryKind {
         self.0.memory()

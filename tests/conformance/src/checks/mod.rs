@@ -15,7 +15,7 @@ pub use controller::{
 };
 pub use movement::{check_allgatherv, check_alltoallv, check_broadcast};
 pub use p2p::{check_barrier, check_barrier_counter, check_send_recv, check_sendrecv};
-pub use reductions::{check_allreduce, check_reduce_scatter};
+pub use reductions::{check_allreduce, check_allreduce_segments, check_reduce_scatter};
 pub use transaction::check_transaction;
 
 use crate::failure::{check, Failure};

@@ -1,24 +1,37 @@
 //! The one module where ranks touch each other's memory.
 //!
 //! Every collective is a *round*. Each rank publishes a descriptor in its
-//! own slot — its [`Call`] and (pointer, length) views of its buffers — and
-//! waits at the opening barrier. Between the opening and the closing
-//! barrier the ranks read each other's slots and published buffers in
-//! place; after the closing barrier nobody does. The raw accesses rest on
-//! five invariants, each enforced here rather than by the callers:
+//! own slot — its [`Call`] and (pointer, length) views of its buffers, or
+//! of a *segment table* listing (pointer, length) per segment of a
+//! scattered buffer ([`segments`]) — and waits at the opening barrier.
+//! Between the opening and the closing barrier the ranks read each other's
+//! slots and published buffers in place; after the closing barrier nobody
+//! does. The raw accesses rest on five invariants, each enforced here
+//! rather than by the callers:
 //!
 //! 1. A slot is written only by its rank and only before the opening
 //!    barrier of that rank's round; every round ends with a barrier that no
 //!    rank passes before every rank has stopped reading slots.
-//! 2. A published buffer stays borrowed (for `'r`) by its owner's [`Round`]
-//!    until the owner has passed the closing barrier, so it outlives every
-//!    peer's reads.
+//! 2. A published buffer — a segment table and every segment it lists
+//!    included — stays borrowed (for `'r`) by its owner's [`Round`] until
+//!    the owner has passed the closing barrier, so it outlives every peer's
+//!    reads.
 //! 3. A read-only buffer is published from a shared borrow: nobody writes
-//!    it during the round. An in-place buffer is read and written only
-//!    where the [`Schedule`] gives the accessing rank sole use of the range
-//!    (checked on every access, against a schedule every rank computes from
-//!    the same published length).
-//! 4. A buffer is read as `T` only if it was published as exactly `T`.
+//!    it during the round (a segment table itself is always read-only). An
+//!    in-place buffer is read and written only where the [`Schedule`] gives
+//!    the accessing rank sole use of the range (checked on every access,
+//!    against a schedule every rank computes from the same published
+//!    length). In-place segments are one virtual buffer, their
+//!    concatenation in table order: the schedule covers its total length,
+//!    and a rank touches a run of a segment only where that run's place in
+//!    the concatenation lies in the rank's range; before the first access
+//!    every rank checks that all tables list the same lengths, so a range
+//!    of the concatenation is the same piece of every rank's segments, and
+//!    no run crosses the end of a segment.
+//! 4. A buffer is read as `T` only if it was published as exactly `T`; a
+//!    segment table is read as [`Segment`] entries only if it was published
+//!    as a table, and its segments as `T` only if they were published as
+//!    exactly `T`.
 //! 5. A view borrows the round, so it cannot live across a barrier
 //!    ([`Round::sync`] takes `&mut self`, [`Round::close`] takes `self`),
 //!    and a rank that leaves a round early (a panic, an internal error)
@@ -36,6 +49,10 @@ use std::any::TypeId;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::ops::Range;
+
+mod segments;
+
+pub(crate) use segments::{Segment, SegmentTable};
 
 /// The buffers a rank may publish in a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +76,12 @@ enum Access {
     ReadOnly,
     /// The owner reduces in place following the chunk schedule.
     InPlace,
+    /// A segment table (see [`segments`]) whose segments peers may read
+    /// all of; nobody writes them during the round.
+    SegmentsReadOnly,
+    /// A segment table whose segments are reduced in place following the
+    /// chunk schedule over their concatenation.
+    SegmentsInPlace,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -210,21 +233,21 @@ impl<'w, 'r> Round<'w, 'r> {
         // rank, before anyone read).
         unsafe { *cell.get() = own };
         world.barrier_wait(Wait::Abortable)?;
-        let in_place = own.bufs[Buf::Send as usize];
-        let len = if in_place.access == Access::InPlace {
-            in_place.len
-        } else {
-            0
-        };
-        let schedule = Schedule::new(len, world.size, chunk_align(own.call));
-        let round = Round {
+        let mut round = Round {
             world,
             rank,
             armed: true,
-            schedule,
+            schedule: Schedule::none(),
             own,
             _borrows: PhantomData,
         };
+        let in_place = own.bufs[Buf::Send as usize];
+        let len = match in_place.access {
+            Access::InPlace => in_place.len,
+            Access::SegmentsInPlace => segments::total(round.table(in_place)),
+            Access::LenOnly | Access::ReadOnly | Access::SegmentsReadOnly => 0,
+        };
+        round.schedule = Schedule::new(len, world.size, chunk_align(own.call));
         let verdict = validate::check(&round.args()?);
         match verdict {
             Ok(()) => Ok(round),
@@ -275,6 +298,7 @@ impl<'w, 'r> Round<'w, 'r> {
                     recv_counts: self
                         .read_only(d.bufs[Buf::RecvCounts as usize])
                         .unwrap_or(&[]),
+                    segments: self.table(d.bufs[Buf::Send as usize]),
                 })
             })
             .collect()

@@ -338,3 +338,68 @@ fn wrong_controller_is_an_error() {
         assert!(result.is_err_and(|e| e.contains("controller of rank")));
     }
 }
+
+/// Every rank names the same tensors with ids of its own (ids are
+/// rank-local): the responses agree, the repeat hits the cache, each rank
+/// gets its own id back with every response, and an id stays registered
+/// while a cache slot or a pending request refers to it.
+#[test]
+fn ranks_choose_their_own_ids() {
+    use kolo_coordinator::{Submission, TensorId};
+    use kolo_protocol::Params;
+    let names = ["w1", "b1", "w2", "b2", "w3"];
+    let results = run_ranks(3, &config(4), |rank, coord, ctrl| {
+        let id_of = |i: usize| TensorId(((i * 7 + rank * 3) % 11) as u32);
+        for (i, name) in names.iter().enumerate() {
+            coord.register(id_of(i), name).unwrap();
+        }
+        assert!(coord.register(id_of(0), "other").is_err());
+        let step = |order: Vec<usize>| -> Vec<Submission> {
+            order
+                .into_iter()
+                .map(|i| Submission {
+                    id: id_of(i),
+                    params: Params::new(RequestKind::Allreduce, DataType::F32, [i as u64 + 1]),
+                })
+                .collect()
+        };
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        order.rotate_left(rank);
+        let mut steps = Vec::new();
+        for _ in 0..3 {
+            let mut outs = Vec::new();
+            let mut submissions = step(order.clone());
+            let mut got = 0;
+            while got < names.len() {
+                let out = coord
+                    .cycle(ctrl, std::mem::take(&mut submissions), false, Instant::now())
+                    .unwrap();
+                got += out.responses.len();
+                outs.push(out);
+            }
+            steps.push(outs);
+        }
+        for outs in &steps {
+            for agreed in outs.iter().flat_map(|o| &o.responses) {
+                let i = names.iter().position(|n| *n == name_of(agreed)).unwrap();
+                assert_eq!(agreed.id, Some(id_of(i)), "rank {rank} gets its own id");
+            }
+        }
+        // Cached (capacity 4 of 5 tensors): the slot holders stay.
+        let kept: Vec<bool> = (0..names.len()).map(|i| !coord.forget(id_of(i))).collect();
+        (steps, kept)
+    });
+    let flat = |steps: &[Vec<CycleOutput>]| -> Vec<Vec<Response>> {
+        steps.iter().map(|outs| responses(outs)).collect()
+    };
+    for (steps, kept) in &results {
+        assert_eq!(flat(steps), flat(&results[0].0));
+        assert_eq!(kept.iter().filter(|&&k| k).count(), 4, "{kept:?}");
+        assert_eq!(kept, &results[0].1, "every rank caches the same names");
+        assert!(steps[0][0].stats.gathered);
+    }
+    // With 5 tensors in 4 slots the LRU evicts as it goes: the repeats
+    // still agree on every rank, partly from the cache.
+    let hits: usize = results[0].0[2].iter().map(|o| o.stats.cache_hits).sum();
+    assert!(hits <= 4);
+}

@@ -123,7 +123,13 @@ impl Coordinator {
             return false;
         }
         self.names.forget(id);
+        self.pending.forget(id);
         true
+    }
+
+    /// The parameters of this rank's last request for `id`.
+    pub fn params(&self, id: TensorId) -> Option<&Params> {
+        self.pending.params(id)
     }
 
     /// [`Coordinator::cycle`] for callers that hold [`Request`]s: names
@@ -148,10 +154,7 @@ impl Coordinator {
                     id
                 }
             };
-            submissions.push(Submission {
-                id,
-                params: Params::of(&request),
-            });
+            submissions.push(Submission::new(id, Params::of(&request)));
         }
         self.cycle(ctrl, submissions, shutdown, now)
     }

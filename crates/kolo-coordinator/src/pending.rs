@@ -4,7 +4,11 @@
 //!
 //! Everything is indexed by [`TensorId`] and by cache slot: taking in a
 //! request that hits the cache, settling it once every rank agreed, and
-//! revalidating it are array accesses, with no name touched.
+//! revalidating it are array accesses, with no name touched. A request that
+//! repeats its tensor's last parameters comes without them
+//! ([`Submission::params`] `None`): a training step that repeats the last
+//! one hands over only ids, and its cache hits are known without comparing
+//! anything while the cache is unchanged.
 
 use crate::bit_vector::CycleBits;
 use crate::names::{Names, TensorId};
@@ -17,8 +21,24 @@ use kolo_protocol::{Params, Request, RequestKind, Response};
 pub struct Submission {
     /// The tensor.
     pub id: TensorId,
-    /// The collective and its parameters.
-    pub params: Params,
+    /// The collective and its parameters; `None` repeats those of the id's
+    /// last submission (an id's first submission must carry them).
+    pub params: Option<Box<Params>>,
+}
+
+impl Submission {
+    /// A request for `id` with `params`.
+    pub fn new(id: TensorId, params: Params) -> Self {
+        Submission {
+            id,
+            params: Some(Box::new(params)),
+        }
+    }
+
+    /// A request for `id` that repeats its last parameters.
+    pub fn repeat(id: TensorId) -> Self {
+        Submission { id, params: None }
+    }
 }
 
 /// A request for rank 0: the tensor and the parameters it is sent with.
@@ -32,9 +52,14 @@ struct Outgoing {
 #[derive(Clone, Debug, Default)]
 pub struct PendingRequests {
     rank: u32,
-    /// This rank's request for each id in flight (join requests excluded).
-    in_flight: Vec<Option<Params>>,
-    /// Number of `Some` in `in_flight`.
+    /// The parameters of each id's last submission.
+    last: Vec<Option<Params>>,
+    /// The cache slot each id's last parameters hit, and the cache
+    /// generation then: a repeat hits again while the cache is unchanged.
+    hit_memo: Vec<Option<(usize, u64)>>,
+    /// Which ids have a request in flight (join requests excluded).
+    in_flight: Vec<bool>,
+    /// Number of ids in flight.
     in_flight_count: usize,
     /// The tensor waiting on each cache slot's bit.
     hits: Vec<Option<TensorId>>,
@@ -88,8 +113,41 @@ impl PendingRequests {
 
     /// True while `id` has a request without a response.
     pub fn is_pending(&self, id: TensorId) -> bool {
-        self.in_flight.get(id.index()).is_some_and(Option::is_some)
+        self.in_flight.get(id.index()).copied().unwrap_or(false)
             || self.outbox.iter().any(|o| o.id == id)
+    }
+
+    /// The parameters of `id`'s last submission.
+    pub fn params(&self, id: TensorId) -> Option<&Params> {
+        self.last.get(id.index())?.as_ref()
+    }
+
+    /// Forgets everything about `id` (it is not pending).
+    pub fn forget(&mut self, id: TensorId) {
+        if let Some(last) = self.last.get_mut(id.index()) {
+            *last = None;
+        }
+        if let Some(memo) = self.hit_memo.get_mut(id.index()) {
+            *memo = None;
+        }
+    }
+
+    /// True when `id` is in flight.
+    fn flying(&self, id: TensorId) -> bool {
+        self.in_flight.get(id.index()).copied().unwrap_or(false)
+    }
+
+    /// Marks `id` in flight or not.
+    fn fly(&mut self, id: TensorId, flying: bool) {
+        if self.in_flight.len() <= id.index() {
+            self.in_flight.resize(id.index() + 1, false);
+        }
+        let was = std::mem::replace(&mut self.in_flight[id.index()], flying);
+        match (was, flying) {
+            (false, true) => self.in_flight_count += 1,
+            (true, false) => self.in_flight_count -= 1,
+            _ => {}
+        }
     }
 
     /// Requests for rank 0 are waiting.
@@ -125,9 +183,7 @@ impl PendingRequests {
         for slot in 0..self.hits.len() {
             let Some(id) = self.hits[slot] else { continue };
             let valid = self
-                .in_flight
-                .get(id.index())
-                .and_then(Option::as_ref)
+                .params(id)
                 .is_some_and(|params| cache.matches(slot, id, params));
             if !valid {
                 self.send_to_rank0(id);
@@ -137,7 +193,9 @@ impl PendingRequests {
 
     /// Takes this cycle's new requests and returns the slots they
     /// invalidate (cached tensors requested with other parameters). A join
-    /// request marks the rank joined and goes to rank 0.
+    /// request marks the rank joined and goes to rank 0. A repeat of an id
+    /// that has no parameters yet (a caller's bug) goes to rank 0 unnamed
+    /// and empty, which fails it.
     pub fn intake(
         &mut self,
         submissions: impl IntoIterator<Item = Submission>,
@@ -145,19 +203,45 @@ impl PendingRequests {
     ) -> Vec<usize> {
         let mut invalid = Vec::new();
         for Submission { id, params } in submissions {
-            if params.kind == RequestKind::Join {
-                self.joined = true;
-                self.outbox.push(Outgoing { id, params });
+            let changed = params.is_some();
+            if let Some(params) = params {
+                *at(&mut self.last, id.index()) = Some(*params);
+            }
+            let Some(kind) = self.params(id).map(|p| p.kind) else {
+                self.outbox.push(Outgoing {
+                    id,
+                    params: Params::new(RequestKind::Barrier, kolo_protocol::DataType::U8, []),
+                });
+                continue;
+            };
+            if kind == RequestKind::Join || self.flying(id) {
+                if kind == RequestKind::Join {
+                    self.joined = true;
+                } else {
+                    // A tensor twice in flight: both go to rank 0, which
+                    // fails it.
+                    self.send_to_rank0(id);
+                }
+                if let Some(params) = self.params(id).cloned() {
+                    self.outbox.push(Outgoing { id, params });
+                }
                 continue;
             }
-            if at(&mut self.in_flight, id.index()).is_some() {
-                // A tensor twice in flight: both go to rank 0, which fails
-                // it.
-                self.send_to_rank0(id);
-                self.outbox.push(Outgoing { id, params });
+            let Some(params) = self.last.get(id.index()).and_then(Option::as_ref) else {
                 continue;
-            }
-            match cache.lookup(id, &params) {
+            };
+            let memo = at(&mut self.hit_memo, id.index());
+            let lookup = match *memo {
+                Some((slot, generation)) if !changed && generation == cache.generation() => {
+                    Lookup::Hit(slot)
+                }
+                _ => cache.lookup(id, params),
+            };
+            *memo = match lookup {
+                Lookup::Hit(slot) => Some((slot, cache.generation())),
+                _ => None,
+            };
+            match lookup {
                 Lookup::Hit(slot) if slot < self.hits.len() && self.hits[slot].is_none() => {
                     self.hits[slot] = Some(id);
                     *at(&mut self.waiting, id.index()) = Some(slot);
@@ -165,18 +249,15 @@ impl PendingRequests {
                 }
                 Lookup::Mismatch(slot) => {
                     invalid.push(slot);
-                    self.outbox.push(Outgoing {
-                        id,
-                        params: params.clone(),
-                    });
+                    let params = params.clone();
+                    self.outbox.push(Outgoing { id, params });
                 }
-                _ => self.outbox.push(Outgoing {
-                    id,
-                    params: params.clone(),
-                }),
+                _ => {
+                    let params = params.clone();
+                    self.outbox.push(Outgoing { id, params });
+                }
             }
-            self.in_flight[id.index()] = Some(params);
-            self.in_flight_count += 1;
+            self.fly(id, true);
         }
         invalid
     }
@@ -211,11 +292,7 @@ impl PendingRequests {
         if let Some(waiting) = self.waiting.get_mut(id.index()) {
             *waiting = None;
         }
-        if let Some(params) = self.in_flight.get_mut(id.index()) {
-            if params.take().is_some() {
-                self.in_flight_count -= 1;
-            }
-        }
+        self.fly(id, false);
         Some(id)
     }
 
@@ -251,18 +328,12 @@ impl PendingRequests {
                     }
                 }
             }
-            let params = match self.in_flight.get_mut(id.index()) {
-                Some(params) => {
-                    let taken = params.take();
-                    if taken.is_some() {
-                        self.in_flight_count -= 1;
-                    }
-                    taken
-                }
-                None => None,
-            };
-            if first.is_none() && params.is_some() {
-                first = Some((id, params));
+            if !self.flying(id) {
+                continue;
+            }
+            self.fly(id, false);
+            if first.is_none() {
+                first = Some((id, self.params(id).cloned()));
             }
         }
         first
@@ -283,11 +354,10 @@ impl PendingRequests {
                 self.hit_count -= 1;
             }
         }
-        if let Some(Some(params)) = self.in_flight.get(id.index()) {
-            self.outbox.push(Outgoing {
-                id,
-                params: params.clone(),
-            });
+        if self.flying(id) {
+            if let Some(params) = self.params(id).cloned() {
+                self.outbox.push(Outgoing { id, params });
+            }
         }
     }
 }
@@ -303,10 +373,7 @@ mod tests {
     }
 
     fn sub(id: u32, len: u64) -> Submission {
-        Submission {
-            id: TensorId(id),
-            params: params(len),
-        }
+        Submission::new(TensorId(id), params(len))
     }
 
     /// Names a, b, c, ... with ids 0, 1, 2, ...
@@ -395,6 +462,36 @@ mod tests {
     }
 
     #[test]
+    fn repeats_hit_without_parameters_until_the_cache_changes() {
+        let mut cache = cache_with(&[0, 1]);
+        let mut p = PendingRequests::new(1, 4);
+        p.intake(vec![sub(0, 2), sub(1, 2)], &cache);
+        assert_eq!(p.hit_slots(), vec![0, 1]);
+        p.settle_hit(0);
+        p.settle_hit(1);
+        let repeat = |id| Submission::repeat(TensorId(id));
+        p.intake(vec![repeat(0), repeat(1)], &cache);
+        assert_eq!(p.hit_slots(), vec![0, 1], "repeats hit from the memo");
+        p.settle_hit(0);
+        p.settle_hit(1);
+        assert_eq!(p.params(TensorId(1)), Some(&params(2)));
+        // The cache changed: repeats are looked up again.
+        cache.erase(1);
+        p.intake(vec![repeat(0), repeat(1)], &cache);
+        assert_eq!(p.hit_slots(), vec![0]);
+        assert_eq!(outbox_names(&mut p), ["b"]);
+        // New parameters replace the last ones.
+        p.settle_hit(0);
+        p.intake(vec![sub(0, 5)], &cache);
+        assert_eq!(p.params(TensorId(0)), Some(&params(5)));
+        assert!(p.hit_slots().is_empty());
+        // A repeat of an id never submitted goes to rank 0, unnamed.
+        let mut fresh = PendingRequests::new(1, 4);
+        fresh.intake(vec![repeat(3)], &cache);
+        assert_eq!(fresh.take_outbox(&Names::new())[0].tensor_name, "");
+    }
+
+    #[test]
     fn duplicates_and_joins_go_to_rank_zero() {
         let cache = cache_with(&[0]);
         let mut p = PendingRequests::new(1, 4);
@@ -402,10 +499,10 @@ mod tests {
         p.intake(
             vec![
                 sub(0, 2),
-                Submission {
-                    id: TensorId(3),
-                    params: Params::new(RequestKind::Join, DataType::U8, []),
-                },
+                Submission::new(
+                    TensorId(3),
+                    Params::new(RequestKind::Join, DataType::U8, []),
+                ),
             ],
             &cache,
         );

@@ -357,9 +357,9 @@ fn ranks_choose_their_own_ids() {
         let step = |order: Vec<usize>| -> Vec<Submission> {
             order
                 .into_iter()
-                .map(|i| Submission {
-                    id: id_of(i),
-                    params: Params::new(RequestKind::Allreduce, DataType::F32, [i as u64 + 1]),
+                .map(|i| {
+                    let params = Params::new(RequestKind::Allreduce, DataType::F32, [i as u64 + 1]);
+                    Submission::new(id_of(i), params)
                 })
                 .collect()
         };
@@ -372,7 +372,12 @@ fn ranks_choose_their_own_ids() {
             let mut got = 0;
             while got < names.len() {
                 let out = coord
-                    .cycle(ctrl, std::mem::take(&mut submissions), false, Instant::now())
+                    .cycle(
+                        ctrl,
+                        std::mem::take(&mut submissions),
+                        false,
+                        Instant::now(),
+                    )
                     .unwrap();
                 got += out.responses.len();
                 outs.push(out);

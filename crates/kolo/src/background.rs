@@ -13,10 +13,10 @@ use crate::handle::Payload;
 use crate::table::{Entry, Input};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
-    Agreed, Coordinator, CoordinatorError, CycleOutput, NegotiationEvent, Submission,
+    Agreed, Coordinator, CoordinatorError, CycleOutput, NegotiationEvent, Submission, TensorId,
 };
 use kolo_fusion::{Edge, FusionBuffers, Phase};
-use kolo_protocol::{DataType, RequestKind, Response, ResponseKind};
+use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::{with_element_type, Backend, Element, TransportError};
 use std::sync::Arc;
@@ -84,7 +84,7 @@ fn fail_all(shared: &Shared, reason: Error) {
     crate::handle::complete_all(
         entries
             .into_iter()
-            .map(|entry| (entry.part, Err(reason.clone()))),
+            .map(|held| (held.part, Err(reason.clone()))),
     );
 }
 
@@ -309,11 +309,32 @@ impl<B: Backend> Engine<B> {
     fn take_entries(&self, responses: &[Agreed], members: &[usize]) -> Vec<Option<Entry>> {
         let mut table = self.shared.table.lock();
         let mut slots = Vec::with_capacity(members.len());
+        let coordinator = &self.coordinator;
+        let take = |table: &mut crate::table::Table, id: Option<TensorId>| {
+            let id = id?;
+            let held = table.take(id)?;
+            let params = coordinator.params(id).cloned().unwrap_or_else(|| {
+                // Every submission reaches the coordinator before its
+                // response: a kolo bug if not (the parameters serve the
+                // timeline and the device only).
+                Params::new(RequestKind::Barrier, DataType::U8, [])
+            });
+            Some(Entry {
+                params,
+                input: held.input,
+                part: held.part,
+            })
+        };
         for &m in members {
             let agreed = &responses[m];
             match (agreed.id, agreed.tensor_names.as_slice()) {
-                (Some(id), [_]) => slots.push(table.take(id)),
-                (_, names) => slots.extend(names.iter().map(|name| table.take_named(name))),
+                (Some(id), [_]) => slots.push(take(&mut table, Some(id))),
+                (_, names) => {
+                    for name in names {
+                        let id = table.id(name);
+                        slots.push(take(&mut table, id));
+                    }
+                }
             }
         }
         slots

@@ -30,10 +30,20 @@ pub(crate) enum Input {
     Lent(crate::scope::Lent),
 }
 
-/// One tensor submitted on this rank and not yet completed.
+/// One tensor submitted on this rank and not yet completed, as the
+/// engine performs it: with this rank's parameters for it (the
+/// coordinator's, see [`kolo_coordinator::Coordinator::params`]).
 pub(crate) struct Entry {
     /// What this rank asked for (the name is the id's).
     pub params: Params,
+    /// The input.
+    pub input: Input,
+    /// Where the result goes.
+    pub part: Part,
+}
+
+/// One tensor in flight, as the table holds it.
+pub(crate) struct Held {
     /// The input.
     pub input: Input,
     /// Where the result goes.
@@ -60,7 +70,10 @@ struct Slot {
     /// The id's name; `None` while the id is free.
     name: Option<Arc<str>>,
     /// The tensor in flight under this name.
-    entry: Option<Entry>,
+    entry: Option<Held>,
+    /// The parameters the name was last submitted with (the coordinator
+    /// has them too: a repeat is queued without them).
+    last: Option<Params>,
     /// The submission that last used the name (a name twice in one
     /// submission is refused).
     mark: u64,
@@ -138,12 +151,18 @@ impl Table {
         let wake = self.queued.is_empty();
         self.queued.reserve(items.len());
         for (index, (item, id)) in items.into_iter().zip(ids).enumerate() {
-            self.queued.push(Submission {
-                id,
-                params: item.params.clone(),
-            });
-            self.slots[id.index()].entry = Some(Entry {
-                params: item.params,
+            let slot = &mut self.slots[id.index()];
+            let repeat = slot
+                .last
+                .as_ref()
+                .is_some_and(|last| last.same_as(&item.params));
+            if repeat {
+                self.queued.push(Submission::repeat(id));
+            } else {
+                self.queued.push(Submission::new(id, item.params.clone()));
+                slot.last = Some(item.params);
+            }
+            slot.entry = Some(Held {
                 input: item.input,
                 part: completion.part(index),
             });
@@ -161,14 +180,13 @@ impl Table {
     }
 
     /// Removes and returns the entry of `id`, if in flight.
-    pub(crate) fn take(&mut self, id: TensorId) -> Option<Entry> {
+    pub(crate) fn take(&mut self, id: TensorId) -> Option<Held> {
         self.slots.get_mut(id.index())?.entry.take()
     }
 
-    /// Removes and returns the entry of `name`, if in flight.
-    pub(crate) fn take_named(&mut self, name: &str) -> Option<Entry> {
-        let id = *self.ids.get(name)?;
-        self.take(id)
+    /// The id of `name`, if it has one.
+    pub(crate) fn id(&self, name: &str) -> Option<TensorId> {
+        self.ids.get(name).copied()
     }
 
     /// The name of `id`.
@@ -194,6 +212,7 @@ impl Table {
             }
             if let Some(name) = slot.name.take() {
                 self.ids.remove(&name);
+                slot.last = None;
                 self.free.push(id);
             }
         }
@@ -209,7 +228,7 @@ impl Table {
     /// Refuses new entries from now on (keeping the first reason given)
     /// and returns the entries in flight, for the caller to fail outside
     /// the lock.
-    pub(crate) fn close(&mut self, reason: Error) -> Vec<Entry> {
+    pub(crate) fn close(&mut self, reason: Error) -> Vec<Held> {
         self.closed.get_or_insert(reason);
         self.queued.clear();
         self.slots
@@ -250,8 +269,9 @@ mod tests {
     }
 
     fn take_by_name(table: &mut Table, name: &str) -> bool {
-        table.take_named(name).is_some_and(|entry| {
-            entry.complete(Ok(Box::new(())));
+        let held = table.id(name).and_then(|id| table.take(id));
+        held.is_some_and(|held| {
+            held.part.complete(Ok(Box::new(())));
             true
         })
     }
@@ -300,6 +320,30 @@ mod tests {
         assert_eq!(named, ["a", "b", "c"]);
         assert!(table.take_queued().0.is_empty());
         assert_eq!(insert(&mut table, &["d"]), Ok(true));
+    }
+
+    #[test]
+    fn a_repeat_is_queued_without_its_parameters() {
+        let mut table = Table::default();
+        insert(&mut table, &["a", "b"]).unwrap();
+        let (first, _) = table.take_queued();
+        assert!(first.iter().all(|s| s.params.is_some()));
+        assert!(take_by_name(&mut table, "a") && take_by_name(&mut table, "b"));
+        insert(&mut table, &["a", "b"]).unwrap();
+        let (again, named) = table.take_queued();
+        assert!(again.iter().all(|s| s.params.is_none()) && named.is_empty());
+        assert!(take_by_name(&mut table, "a"));
+        let wider = Item {
+            params: Params::new(RequestKind::Allreduce, DataType::F32, [2]),
+            ..item("a")
+        };
+        let completion = Completion::new(TensorNames::with_capacity(1), false, None);
+        table.insert(vec![wider], &completion).unwrap();
+        let (changed, _) = table.take_queued();
+        assert_eq!(
+            changed[0].params.as_ref().map(|p| p.shape.to_vec()),
+            Some(vec![2])
+        );
     }
 
     #[test]

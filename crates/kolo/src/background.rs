@@ -10,7 +10,7 @@ use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
-use crate::table::{Entry, Input};
+use crate::table::{Entry, Held, Input};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
     Agreed, Coordinator, CoordinatorError, CycleOutput, NegotiationEvent, Submission, TensorId,
@@ -55,6 +55,9 @@ pub(crate) struct Engine<B> {
     shutdown_requested: bool,
     /// The GPU data plane, serving responses on device tensors.
     pub(crate) device: Option<Box<dyn DevicePlane>>,
+    /// The tensors taken from the table's queue and not performed yet, by
+    /// id (this thread's side of the table).
+    held: Vec<Option<Held>>,
 }
 
 /// Closes the tensor table if the background thread unwinds, so that no
@@ -112,6 +115,7 @@ impl<B: Backend> Engine<B> {
             abort: Some(Box::new(abort)),
             shutdown_requested: false,
             device: None,
+            held: Vec::new(),
         }
     }
 
@@ -124,7 +128,14 @@ impl<B: Backend> Engine<B> {
         };
         let reason = self.serve();
         tracing::debug!(rank = self.rank, %reason, "kolo engine stopped");
-        fail_all(&self.shared, reason);
+        // Close the table first: nothing new reaches `held` after it.
+        fail_all(&self.shared, reason.clone());
+        crate::handle::complete_all(
+            std::mem::take(&mut self.held)
+                .into_iter()
+                .flatten()
+                .map(|held| (held.part, Err(reason.clone()))),
+        );
         if let Err(e) = self.timeline.flush() {
             tracing::warn!(rank = self.rank, error = %e, "the timeline could not be written");
         }
@@ -221,7 +232,7 @@ impl<B: Backend> Engine<B> {
         // After the commands: a submitter queues before it sends its wake.
         let shared = Arc::clone(&self.shared);
         let mut table = shared.table.lock();
-        let (requests, named) = table.take_queued();
+        let (queued, named) = table.take_queued();
         for (id, name) in named {
             self.coordinator.register(id, &name).map_err(|e| {
                 Error::Transport(TransportError::Backend(format!(
@@ -229,7 +240,21 @@ impl<B: Backend> Engine<B> {
                 )))
             })?;
         }
-        table.reclaim(|id| self.coordinator.forget(id));
+        let mut requests = Vec::with_capacity(queued.len());
+        for q in queued {
+            let id = q.submission.id;
+            if self.held.len() <= id.index() {
+                self.held.resize_with(id.index() + 1, || None);
+            }
+            // The table refuses a name in flight, so the slot is free; if
+            // not (a kolo bug), the newcomer fails when it is replaced.
+            self.held[id.index()] = Some(q.held);
+            requests.push(q.submission);
+        }
+        let (held, coordinator) = (&self.held, &mut self.coordinator);
+        table.reclaim(|id| {
+            held.get(id.index()).is_none_or(Option::is_none) && coordinator.forget(id)
+        });
         Ok((requests, abort))
     }
 
@@ -306,38 +331,42 @@ impl<B: Backend> Engine<B> {
 
     /// Takes this rank's entries for the tensors of `members` out of the
     /// table, in order (`None` where this rank has none).
-    fn take_entries(&self, responses: &[Agreed], members: &[usize]) -> Vec<Option<Entry>> {
-        let mut table = self.shared.table.lock();
+    fn take_entries(&mut self, responses: &[Agreed], members: &[usize]) -> Vec<Option<Entry>> {
         let mut slots = Vec::with_capacity(members.len());
-        let coordinator = &self.coordinator;
-        let take = |table: &mut crate::table::Table, id: Option<TensorId>| {
-            let id = id?;
-            let held = table.take(id)?;
-            let params = coordinator.params(id).cloned().unwrap_or_else(|| {
-                // Every submission reaches the coordinator before its
-                // response: a kolo bug if not (the parameters serve the
-                // timeline and the device only).
-                Params::new(RequestKind::Barrier, DataType::U8, [])
-            });
-            Some(Entry {
-                params,
-                input: held.input,
-                part: held.part,
-            })
-        };
         for &m in members {
             let agreed = &responses[m];
             match (agreed.id, agreed.tensor_names.as_slice()) {
-                (Some(id), [_]) => slots.push(take(&mut table, Some(id))),
+                (Some(id), [_]) => slots.push(self.take_entry(id)),
                 (_, names) => {
-                    for name in names {
-                        let id = table.id(name);
-                        slots.push(take(&mut table, id));
+                    // A join (several names), or a name this rank's
+                    // coordinator did not settle: by name.
+                    let ids: Vec<Option<TensorId>> = {
+                        let table = self.shared.table.lock();
+                        names.iter().map(|name| table.id(name)).collect()
+                    };
+                    for id in ids {
+                        slots.push(id.and_then(|id| self.take_entry(id)));
                     }
                 }
             }
         }
         slots
+    }
+
+    /// The tensor `id` this rank holds, with its parameters.
+    fn take_entry(&mut self, id: TensorId) -> Option<Entry> {
+        let held = self.held.get_mut(id.index())?.take()?;
+        let params = self.coordinator.params(id).cloned().unwrap_or_else(|| {
+            // Every submission reaches the coordinator before its
+            // response: a kolo bug if not (the parameters serve the
+            // timeline and the device only).
+            Params::new(RequestKind::Barrier, DataType::U8, [])
+        });
+        Some(Entry {
+            params,
+            input: held.input,
+            part: held.part,
+        })
     }
 
     /// Performs one group of the plan: fails its tensors, or runs its

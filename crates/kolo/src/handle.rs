@@ -50,6 +50,9 @@ pub(crate) struct Completion {
 struct State {
     /// Parts not completed yet.
     remaining: usize,
+    /// Which parts are in (consulted only while the submission is not
+    /// done: is a name of it still in flight?).
+    done: Vec<bool>,
     /// Each part's output, when the submission returns outputs (empty
     /// otherwise: a lent allreduce returns nothing).
     payloads: Vec<Option<Payload>>,
@@ -76,6 +79,7 @@ impl Completion {
             names,
             state: Mutex::new(State {
                 remaining: parts,
+                done: vec![false; parts],
                 payloads: if payloads {
                     (0..parts).map(|_| None).collect()
                 } else {
@@ -111,8 +115,25 @@ impl Completion {
         }
     }
 
+    /// True once part `index` is in (or out of range).
+    pub(crate) fn part_done(&self, index: u32) -> bool {
+        self.is_done()
+            || self
+                .state
+                .lock()
+                .done
+                .get(index as usize)
+                .copied()
+                .unwrap_or(true)
+    }
+
     /// Records one part's result (under the lock).
     fn record(state: &mut State, index: u32, result: Result<Payload, Error>) {
+        match state.done.get_mut(index as usize) {
+            Some(done) if !*done => *done = true,
+            // Counted in already (or never a part): the first result stays.
+            _ => return,
+        }
         match result {
             Ok(payload) => {
                 if let Some(slot) = state.payloads.get_mut(index as usize) {
@@ -152,7 +173,7 @@ impl Completion {
     }
 
     /// True once every part is in.
-    fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.finished.load(Ordering::Acquire)
     }
 

@@ -2,12 +2,18 @@
 //!
 //! Every tensor name gets a small [`TensorId`] the first time it is
 //! submitted (one hash of the name), and from then on the engine works by
-//! id: the table's entries are an array indexed by id, the coordinator
-//! negotiates by id, and a repeated training step touches no name and
-//! allocates nothing per tensor. Ids of names not seen for a while are
-//! reclaimed (see [`Table::reclaim`]), so that a job that makes up new
-//! names (barriers, joins, unnamed tensors) does not grow the table
-//! without bound.
+//! id: the coordinator negotiates by id, and a repeated training step
+//! touches no name and allocates nothing per tensor. Ids of names not seen
+//! for a while are reclaimed (see [`Table::reclaim`]), so that a job that
+//! makes up new names (barriers, joins, unnamed tensors) does not grow the
+//! table without bound.
+//!
+//! The table is the submitters' side: the background thread only takes
+//! the queue (each tensor's request and input, handed over together) and
+//! keeps the tensors it performs on its own side, indexed by id, so that
+//! the two threads never write the same memory per tensor (each such line
+//! would cross between the cores twice per step). Whether a name is still
+//! in flight is read from its last submission's completion.
 
 use crate::error::Error;
 use crate::handle::{Completion, Part, Payload};
@@ -42,12 +48,19 @@ pub(crate) struct Entry {
     pub part: Part,
 }
 
-/// One tensor in flight, as the table holds it.
+/// One tensor handed to the background thread: its input and where its
+/// result goes.
 pub(crate) struct Held {
     /// The input.
     pub input: Input,
     /// Where the result goes.
     pub part: Part,
+}
+
+/// One tensor of the queue: its request and itself.
+pub(crate) struct Queued {
+    pub submission: Submission,
+    pub held: Held,
 }
 
 impl Entry {
@@ -69,8 +82,9 @@ pub(crate) struct Item<'n> {
 struct Slot {
     /// The id's name; `None` while the id is free.
     name: Option<Arc<str>>,
-    /// The tensor in flight under this name.
-    entry: Option<Held>,
+    /// The name's last submission and its place in it: the name is in
+    /// flight until that part is in.
+    flight: Option<(Arc<Completion>, u32)>,
     /// The parameters the name was last submitted with (the coordinator
     /// has them too: a repeat is queued without them).
     last: Option<Params>,
@@ -87,10 +101,11 @@ pub(crate) struct Table {
     slots: Vec<Slot>,
     /// Ids free for new names.
     free: Vec<TensorId>,
-    /// Requests of inserted entries, for the background thread's next
-    /// cycle. Submitters only wake the thread when this was empty: a
-    /// burst of submissions costs one wake-up, not one per tensor.
-    queued: Vec<Submission>,
+    /// Requests and inputs of inserted entries, for the background
+    /// thread's next cycle. Submitters only wake the thread when this was
+    /// empty: a burst of submissions costs one wake-up, not one per
+    /// tensor.
+    queued: Vec<Queued>,
     /// Ids named since the background thread last looked.
     named: Vec<(TensorId, Arc<str>)>,
     /// Submissions so far (marks a submission's names).
@@ -140,7 +155,11 @@ impl Table {
         for item in &items {
             let id = self.intern(item.name);
             let slot = &mut self.slots[id.index()];
-            if slot.entry.is_some() || slot.mark == mark {
+            let flying = slot
+                .flight
+                .as_ref()
+                .is_some_and(|(last, index)| !last.part_done(*index));
+            if flying || slot.mark == mark {
                 return Err(Error::DuplicateName {
                     tensor: item.name.to_owned(),
                 });
@@ -156,32 +175,32 @@ impl Table {
                 .last
                 .as_ref()
                 .is_some_and(|last| last.same_as(&item.params));
-            if repeat {
-                self.queued.push(Submission::repeat(id));
+            let submission = if repeat {
+                Submission::repeat(id)
             } else {
-                self.queued.push(Submission::new(id, item.params.clone()));
+                let submission = Submission::new(id, item.params.clone());
                 slot.last = Some(item.params);
-            }
-            slot.entry = Some(Held {
-                input: item.input,
-                part: completion.part(index),
+                submission
+            };
+            slot.flight = Some((Arc::clone(completion), index as u32));
+            self.queued.push(Queued {
+                submission,
+                held: Held {
+                    input: item.input,
+                    part: completion.part(index),
+                },
             });
         }
         Ok(wake)
     }
 
-    /// Takes the queued requests, in submission order, and the ids named
+    /// Takes the queued tensors, in submission order, and the ids named
     /// since the last call (to be registered before the requests).
-    pub(crate) fn take_queued(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
+    pub(crate) fn take_queued(&mut self) -> (Vec<Queued>, Vec<(TensorId, Arc<str>)>) {
         (
             std::mem::take(&mut self.queued),
             std::mem::take(&mut self.named),
         )
-    }
-
-    /// Removes and returns the entry of `id`, if in flight.
-    pub(crate) fn take(&mut self, id: TensorId) -> Option<Held> {
-        self.slots.get_mut(id.index())?.entry.take()
     }
 
     /// The id of `name`, if it has one.
@@ -196,23 +215,30 @@ impl Table {
     }
 
     /// Frees the ids of names with nothing in flight that `forget` lets go
-    /// (the coordinator's [`forget`](kolo_coordinator::Coordinator::forget):
-    /// no pending request and no cache slot refer to the id), once the
-    /// table knows more names than it did after the last reclaim (twice as
-    /// many, and at least [`RECLAIM_FLOOR`]). Must run after the named ids
-    /// were taken (see [`Table::take_queued`]).
+    /// (the background thread holds nothing for them, and the
+    /// coordinator's [`forget`](kolo_coordinator::Coordinator::forget)
+    /// agrees: no pending request and no cache slot refer to the id), once
+    /// the table knows more names than it did after the last reclaim
+    /// (twice as many, and at least [`RECLAIM_FLOOR`]). Must run after the
+    /// queue and the named ids were taken (see [`Table::take_queued`]).
     pub(crate) fn reclaim(&mut self, mut forget: impl FnMut(TensorId) -> bool) {
-        if self.ids.len() < self.reclaim_at.max(RECLAIM_FLOOR) || !self.named.is_empty() {
+        let due = self.ids.len() >= self.reclaim_at.max(RECLAIM_FLOOR);
+        if !due || !self.named.is_empty() || !self.queued.is_empty() {
             return;
         }
         for (index, slot) in self.slots.iter_mut().enumerate() {
             let id = TensorId(index as u32);
-            if slot.entry.is_some() || slot.name.is_none() || !forget(id) {
+            let flying = slot
+                .flight
+                .as_ref()
+                .is_some_and(|(last, index)| !last.part_done(*index));
+            if flying || slot.name.is_none() || !forget(id) {
                 continue;
             }
             if let Some(name) = slot.name.take() {
                 self.ids.remove(&name);
                 slot.last = None;
+                slot.flight = None;
                 self.free.push(id);
             }
         }
@@ -226,14 +252,13 @@ impl Table {
     }
 
     /// Refuses new entries from now on (keeping the first reason given)
-    /// and returns the entries in flight, for the caller to fail outside
-    /// the lock.
+    /// and returns the tensors still queued, for the caller to fail
+    /// outside the lock (the background thread fails those it took).
     pub(crate) fn close(&mut self, reason: Error) -> Vec<Held> {
         self.closed.get_or_insert(reason);
-        self.queued.clear();
-        self.slots
-            .iter_mut()
-            .filter_map(|slot| slot.entry.take())
+        std::mem::take(&mut self.queued)
+            .into_iter()
+            .map(|queued| queued.held)
             .collect()
     }
 
@@ -248,6 +273,7 @@ mod tests {
     use super::*;
     use crate::handle::TensorNames;
     use kolo_protocol::{DataType, RequestKind};
+    use std::collections::HashMap;
 
     fn item(name: &str) -> Item<'_> {
         Item {
@@ -257,89 +283,124 @@ mod tests {
         }
     }
 
-    fn insert(table: &mut Table, names: &[&str]) -> Result<bool, Error> {
-        let mut tensor_names = TensorNames::with_capacity(names.len());
-        names.iter().for_each(|n| tensor_names.push(n));
-        let completion = Completion::new(tensor_names, false, None);
-        let result = table.insert(names.iter().map(|n| item(n)).collect(), &completion);
-        if result.is_err() {
-            completion.abandon();
-        }
-        result
+    /// The table and, standing in for the background thread, the tensors
+    /// it took.
+    #[derive(Default)]
+    struct World {
+        table: Table,
+        taken: HashMap<TensorId, Held>,
     }
 
-    fn take_by_name(table: &mut Table, name: &str) -> bool {
-        let held = table.id(name).and_then(|id| table.take(id));
-        held.is_some_and(|held| {
-            held.part.complete(Ok(Box::new(())));
-            true
-        })
+    impl World {
+        fn insert(&mut self, names: &[&str]) -> Result<bool, Error> {
+            let items = names.iter().map(|n| item(n)).collect();
+            self.insert_items(items)
+        }
+
+        fn insert_items(&mut self, items: Vec<Item<'_>>) -> Result<bool, Error> {
+            let mut tensor_names = TensorNames::with_capacity(items.len());
+            items.iter().for_each(|i| tensor_names.push(i.name));
+            let completion = Completion::new(tensor_names, false, None);
+            let result = self.table.insert(items, &completion);
+            if result.is_err() {
+                completion.abandon();
+            }
+            result
+        }
+
+        /// Takes the queue as the background thread does.
+        fn take(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
+            let (queued, named) = self.table.take_queued();
+            let submissions = queued
+                .into_iter()
+                .map(|q| {
+                    let id = q.submission.id;
+                    self.taken.insert(id, q.held);
+                    q.submission
+                })
+                .collect();
+            (submissions, named)
+        }
+
+        /// Completes `name`'s tensor; false when it is not in flight.
+        fn complete(&mut self, name: &str) -> bool {
+            self.take();
+            let held = self.table.id(name).and_then(|id| self.taken.remove(&id));
+            held.is_some_and(|held| {
+                held.part.complete(Ok(Box::new(())));
+                true
+            })
+        }
     }
 
     #[test]
     fn names_in_flight_are_unique() {
-        let mut table = Table::default();
-        insert(&mut table, &["a"]).unwrap();
+        let mut w = World::default();
+        w.insert(&["a"]).unwrap();
         assert_eq!(
-            insert(&mut table, &["b", "a"]).err(),
+            w.insert(&["b", "a"]).err(),
             Some(Error::DuplicateName { tensor: "a".into() })
         );
-        assert!(
-            !take_by_name(&mut table, "b"),
-            "a failed group inserts nothing"
-        );
+        assert!(!w.complete("b"), "a failed group inserts nothing");
         assert_eq!(
-            insert(&mut table, &["c", "c"]).err(),
+            w.insert(&["c", "c"]).err(),
             Some(Error::DuplicateName { tensor: "c".into() })
         );
         assert_eq!(
-            insert(&mut table, &["a"]).err(),
+            w.insert(&["a"]).err(),
             Some(Error::DuplicateName { tensor: "a".into() })
         );
-        assert!(take_by_name(&mut table, "a"));
-        insert(&mut table, &["a"]).unwrap();
+        assert!(w.complete("a"));
+        w.insert(&["a"]).unwrap();
+        // Part of a group done, part in flight.
+        w.insert(&["x", "y"]).unwrap();
+        assert!(w.complete("x"));
+        w.insert(&["x"]).unwrap();
+        assert_eq!(
+            w.insert(&["y"]).err(),
+            Some(Error::DuplicateName { tensor: "y".into() })
+        );
     }
 
     #[test]
     fn only_the_first_submission_after_a_take_wakes_the_engine() {
-        let mut table = Table::default();
-        assert_eq!(insert(&mut table, &["a"]), Ok(true));
-        assert_eq!(insert(&mut table, &["b", "c"]), Ok(false));
+        let mut w = World::default();
+        assert_eq!(w.insert(&["a"]), Ok(true));
+        assert_eq!(w.insert(&["b", "c"]), Ok(false));
         assert_eq!(
-            insert(&mut table, &["b"]).ok(),
+            w.insert(&["b"]).ok(),
             None,
             "a refused submission queues nothing"
         );
-        let (queued, named) = table.take_queued();
+        let (queued, named) = w.take();
         let names: Vec<&str> = queued
             .iter()
-            .map(|s| &**table.name(s.id).unwrap())
+            .map(|s| &**w.table.name(s.id).unwrap())
             .collect();
         assert_eq!(names, ["a", "b", "c"]);
         let named: Vec<&str> = named.iter().map(|(_, n)| &**n).collect();
         assert_eq!(named, ["a", "b", "c"]);
-        assert!(table.take_queued().0.is_empty());
-        assert_eq!(insert(&mut table, &["d"]), Ok(true));
+        assert!(w.take().0.is_empty());
+        assert_eq!(w.insert(&["d"]), Ok(true));
     }
 
     #[test]
     fn a_repeat_is_queued_without_its_parameters() {
-        let mut table = Table::default();
-        insert(&mut table, &["a", "b"]).unwrap();
-        let (first, _) = table.take_queued();
+        let mut w = World::default();
+        w.insert(&["a", "b"]).unwrap();
+        let (first, _) = w.take();
         assert!(first.iter().all(|s| s.params.is_some()));
-        assert!(take_by_name(&mut table, "a") && take_by_name(&mut table, "b"));
-        insert(&mut table, &["a", "b"]).unwrap();
-        let (again, named) = table.take_queued();
+        assert!(w.complete("a") && w.complete("b"));
+        w.insert(&["a", "b"]).unwrap();
+        let (again, named) = w.take();
         assert!(again.iter().all(|s| s.params.is_none()) && named.is_empty());
-        assert!(take_by_name(&mut table, "a"));
+        assert!(w.complete("a"));
         let wider = Item {
             params: Params::new(RequestKind::Allreduce, DataType::F32, [2]),
             ..item("a")
         };
-        let completion = Completion::new(TensorNames::with_capacity(1), false, None);
-        table.insert(vec![wider], &completion).unwrap();
-        let (changed, _) = table.take_queued();
+        w.insert_items(vec![wider]).unwrap();
+        let (changed, _) = w.take();
         assert_eq!(
             changed[0].params.as_ref().map(|p| p.shape.to_vec()),
             Some(vec![2])
@@ -348,60 +409,64 @@ mod tests {
 
     #[test]
     fn closing_refuses_and_drains() {
-        let mut table = Table::default();
-        insert(&mut table, &["a", "b"]).unwrap();
-        let drained = table.close(Error::ShutDown { by_ranks: vec![1] });
+        let mut w = World::default();
+        w.insert(&["a", "b"]).unwrap();
+        let drained = w.table.close(Error::ShutDown { by_ranks: vec![1] });
         assert_eq!(drained.len(), 2);
-        assert!(table
+        assert!(w
+            .table
             .close(Error::ShutDown { by_ranks: vec![0] })
             .is_empty());
-        assert_eq!(table.closed(), Some(&Error::ShutDown { by_ranks: vec![1] }));
         assert_eq!(
-            insert(&mut table, &["c"]).err(),
+            w.table.closed(),
+            Some(&Error::ShutDown { by_ranks: vec![1] })
+        );
+        assert_eq!(
+            w.insert(&["c"]).err(),
             Some(Error::ShutDown { by_ranks: vec![1] })
         );
     }
 
     #[test]
     fn reclaim_frees_idle_ids_that_the_coordinator_lets_go() {
-        let mut table = Table::default();
+        let mut w = World::default();
         let names: Vec<String> = (0..RECLAIM_FLOOR + 10).map(|i| format!("n{i}")).collect();
         for name in &names {
-            insert(&mut table, &[name]).unwrap();
+            w.insert(&[name]).unwrap();
         }
         // Ids not yet handed to the engine are never reclaimed.
-        table.reclaim(|_| true);
-        assert_eq!(table.known(), names.len());
-        table.take_queued();
+        w.table.reclaim(|_| true);
+        assert_eq!(w.table.known(), names.len());
+        w.take();
         for name in &names[..20] {
-            assert!(take_by_name(&mut table, name));
+            assert!(w.complete(name));
         }
         // The coordinator keeps even ids (cached, say).
-        table.reclaim(|id| id.0 % 2 == 1);
-        assert_eq!(table.known(), names.len() - 10);
-        assert!(!table.ids.contains_key("n1") && table.ids.contains_key("n0"));
+        w.table.reclaim(|id| id.0 % 2 == 1);
+        assert_eq!(w.table.known(), names.len() - 10);
+        assert!(!w.table.ids.contains_key("n1") && w.table.ids.contains_key("n0"));
         // A freed id serves a new name; the old name gets a new id.
-        insert(&mut table, &["fresh", "n1"]).unwrap();
-        let (_, named) = table.take_queued();
+        w.insert(&["fresh", "n1"]).unwrap();
+        let (_, named) = w.take();
         assert_eq!(named.len(), 2);
         assert!(named.iter().all(|(id, _)| id.0 % 2 == 1 && id.index() < 20));
         // The next reclaim waits for twice the names left.
         for name in &names[20..30] {
-            assert!(take_by_name(&mut table, name));
+            assert!(w.complete(name));
         }
-        table.reclaim(|_| true);
-        assert_eq!(table.known(), names.len() - 8);
+        w.table.reclaim(|_| true);
+        assert_eq!(w.table.known(), names.len() - 8);
     }
 
     #[test]
     fn names_in_flight_are_never_reclaimed() {
-        let mut table = Table::default();
+        let mut w = World::default();
         let names: Vec<String> = (0..RECLAIM_FLOOR).map(|i| format!("n{i}")).collect();
         for name in &names {
-            insert(&mut table, &[name]).unwrap();
+            w.insert(&[name]).unwrap();
         }
-        table.take_queued();
-        table.reclaim(|_| true);
-        assert_eq!(table.known(), names.len());
+        w.take();
+        w.table.reclaim(|_| true);
+        assert_eq!(w.table.known(), names.len());
     }
 }

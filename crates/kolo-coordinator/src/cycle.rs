@@ -17,7 +17,7 @@ use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
 use crate::names::{NameError, Names, TensorId};
 use crate::negotiate::{Decision, Negotiator, Round};
-use crate::output::{Agreed, CycleOutput, CycleStats, NegotiationEvent};
+use crate::output::{Agreed, CycleOutput, CycleStats, Hit, NegotiationEvent};
 use crate::pending::{PendingRequests, Submission};
 use crate::response_cache::ResponseCache;
 use crate::stall::{stalled, CachePathStall, CachePathStalls, StallInspector};
@@ -156,7 +156,16 @@ impl Coordinator {
             };
             submissions.push(Submission::new(id, Params::of(&request)));
         }
-        self.cycle(ctrl, submissions, shutdown, now)
+        let mut output = self.cycle(ctrl, submissions, shutdown, now)?;
+        for hit in std::mem::take(&mut output.hits) {
+            if let Some(response) = self.cache.response(hit.slot) {
+                output.responses.push(Agreed {
+                    response: Arc::clone(response),
+                    id: hit.id,
+                });
+            }
+        }
+        Ok(output)
     }
 
     /// This rank has joined and not every rank has yet.
@@ -185,6 +194,8 @@ impl Coordinator {
             ))
             .into());
         }
+        // The last cycle's hits have been performed.
+        self.cache.unpin_all();
         self.pending.revalidate(&self.cache);
         let mut invalid = self.pending.intake(submissions, &self.cache);
         let mut gather_wanted = false;
@@ -217,15 +228,12 @@ impl Coordinator {
         for &slot in &bits.invalid {
             self.cache.erase(slot);
         }
-        let mut cached: Vec<Agreed> = Vec::with_capacity(agreed.len());
+        let mut cached: Vec<Hit> = Vec::with_capacity(agreed.len());
         for &slot in &agreed {
             let id = self.pending.settle_hit(slot);
-            if let Some(response) = self.cache.response(slot) {
-                cached.push(Agreed {
-                    response: Arc::clone(response),
-                    id,
-                });
-            }
+            // Stays cached until it is performed (after this cycle).
+            self.cache.pin(slot);
+            cached.push(Hit { slot, id });
         }
         let gather = bits.needs_gather(self.size);
         let mut output = CycleOutput {
@@ -245,10 +253,10 @@ impl Coordinator {
         }
         self.watch_cache_path(&bits, &agreed, now);
         if self.rank0.is_some() && self.config.events {
-            output.events.extend(cached_events(&cached));
+            output.events.extend(cached_events(&self.cache, &cached));
         }
         output.responses = self.apply(from_rank0, &agreed, joined_any);
-        output.responses.extend(cached);
+        output.hits = cached;
         output.shutdown = output.stall_shutdown || !output.shutdown_ranks.is_empty();
         if everyone_joined {
             self.pending.end_join_round();
@@ -453,9 +461,9 @@ fn abort_message(list: &ResponseList) -> Option<String> {
 }
 
 /// Start + End events of the cache hits (rank 0's timeline).
-fn cached_events(cached: &[Agreed]) -> Vec<NegotiationEvent> {
+fn cached_events(cache: &ResponseCache, cached: &[Hit]) -> Vec<NegotiationEvent> {
     let mut events = Vec::new();
-    for response in cached {
+    for response in cached.iter().filter_map(|hit| cache.response(hit.slot)) {
         let ResponseKind::Op(kind) = response.kind else {
             continue;
         };

@@ -98,6 +98,6 @@ pub use config::CoordinatorConfig;
 pub use cycle::Coordinator;
 pub use error::CoordinatorError;
 pub use names::{NameError, Names, TensorId};
-pub use output::{Agreed, CycleOutput, CycleStats, NegotiationEvent};
+pub use output::{Agreed, CycleOutput, CycleStats, Hit, NegotiationEvent};
 pub use pending::Submission;
 pub use stall::{stalled, StallReport};

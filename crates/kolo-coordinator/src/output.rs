@@ -49,16 +49,34 @@ impl std::ops::Deref for Agreed {
     }
 }
 
+/// A cache hit every rank agreed on: the response is the one in `slot` of
+/// the rank's response cache ([`crate::Coordinator::cache`]), kept there
+/// (not evicted) until the next cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// The cache slot.
+    pub slot: usize,
+    /// This rank's id for the slot's tensor.
+    pub id: Option<TensorId>,
+}
+
 /// What one cycle decided; identical on every rank except `events` (rank 0
 /// only), `stats` and the responses' ids.
 #[derive(Clone, Debug, Default)]
 pub struct CycleOutput {
     /// Responses to perform now, in the same order on every rank, unfused
     /// (one tensor per response; kolo-fusion fuses them locally, which is
-    /// deterministic). Error responses included (stall errors too). A rank
-    /// ignores responses for names it never submitted (a stall error for a
-    /// tensor it lacks) unless it has joined.
+    /// deterministic): rank 0's decisions of this cycle, then [`hits`](Self::hits).
+    /// Error responses included (stall errors too). A rank ignores
+    /// responses for names it never submitted (a stall error for a tensor
+    /// it lacks) unless it has joined.
     pub responses: Vec<Agreed>,
+    /// The cache hits every rank agreed on, in slot order, performed after
+    /// `responses`: their responses stay in the cache, so a cycle settled by
+    /// the cache hands over slots only (empty when the output came from
+    /// [`crate::Coordinator::cycle_requests`], which appends them to
+    /// `responses`).
+    pub hits: Vec<Hit>,
     /// Every rank must stop after performing `responses`.
     pub shutdown: bool,
     /// The ranks that asked for the shutdown (empty unless `shutdown`), so

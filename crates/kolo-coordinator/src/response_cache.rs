@@ -84,10 +84,16 @@ impl Lru {
         self.prev[s] = slot;
     }
 
-    /// The least recently used slot.
-    fn front(&self) -> Option<usize> {
-        let first = self.next[self.sentinel()];
-        (first != self.sentinel()).then_some(first)
+    /// The least recently used slot for which `eligible` holds.
+    fn first_where(&self, eligible: impl Fn(usize) -> bool) -> Option<usize> {
+        let mut slot = self.next[self.sentinel()];
+        while slot != self.sentinel() {
+            if eligible(slot) {
+                return Some(slot);
+            }
+            slot = self.next[slot];
+        }
+        None
     }
 }
 
@@ -106,6 +112,11 @@ pub struct ResponseCache {
     /// Bumped whenever a slot's tensor or parameters change (insert,
     /// erase): pending hits need revalidating only then.
     generation: u64,
+    /// Slots that eviction skips (a cycle's hits, performed after it from
+    /// the cache).
+    pinned: Vec<bool>,
+    /// The pinned slots, to unpin them.
+    pins: Vec<usize>,
 }
 
 impl Default for ResponseCache {
@@ -124,6 +135,8 @@ impl ResponseCache {
             free: (0..capacity).collect(),
             lru: Lru::new(capacity),
             generation: 0,
+            pinned: vec![false; capacity],
+            pins: Vec::new(),
         }
     }
 
@@ -196,6 +209,23 @@ impl ResponseCache {
         self.by_id.get(id.index()).copied().flatten()
     }
 
+    /// Keeps `slot` from being evicted until [`ResponseCache::unpin_all`]
+    /// (every rank pins the same slots: eviction stays deterministic).
+    pub fn pin(&mut self, slot: usize) {
+        if let Some(pinned) = self.pinned.get_mut(slot) {
+            if !std::mem::replace(pinned, true) {
+                self.pins.push(slot);
+            }
+        }
+    }
+
+    /// Lets every pinned slot be evicted again.
+    pub fn unpin_all(&mut self) {
+        for slot in self.pins.drain(..) {
+            self.pinned[slot] = false;
+        }
+    }
+
     /// Marks `slot` as used now (after a cache hit).
     pub fn touch(&mut self, slot: usize) {
         if let Some(Some(_)) = self.slots.get(slot) {
@@ -206,8 +236,9 @@ impl ResponseCache {
 
     /// Stores `response` for `name` with this rank's `id` and `params` for
     /// it and returns its slot: the slot already holding `name`, else the
-    /// lowest free slot, else the least recently used one (evicted).
-    /// `None` when the capacity is 0.
+    /// lowest free slot, else the least recently used one that is not
+    /// pinned (evicted). `None` when the capacity is 0 or every occupied
+    /// slot is pinned.
     pub fn insert(
         &mut self,
         name: &Arc<str>,
@@ -227,7 +258,7 @@ impl ResponseCache {
             None => match self.free.pop_first() {
                 Some(free) => free,
                 None => {
-                    let victim = self.lru.front()?;
+                    let victim = self.lru.first_where(|slot| !self.pinned[slot])?;
                     self.erase(victim);
                     self.free.remove(&victim);
                     victim
@@ -341,6 +372,20 @@ mod tests {
         assert_eq!(cache.lookup(TensorId(0), &params(1)), Lookup::Miss);
         assert_eq!(put(&mut cache, "d", None, None), Some(0));
         assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn pinned_slots_are_not_evicted() {
+        let mut cache = ResponseCache::new(2);
+        assert_eq!(put(&mut cache, "a", Some(0), Some(params(1))), Some(0));
+        assert_eq!(put(&mut cache, "b", Some(1), Some(params(1))), Some(1));
+        cache.pin(0);
+        assert_eq!(put(&mut cache, "c", Some(2), Some(params(1))), Some(1));
+        cache.pin(1);
+        assert_eq!(put(&mut cache, "d", Some(3), Some(params(1))), None);
+        assert_eq!((cache.name(0), cache.name(1)), (Some("a"), Some("c")));
+        cache.unpin_all();
+        assert_eq!(put(&mut cache, "d", Some(3), Some(params(1))), Some(0));
     }
 
     #[test]

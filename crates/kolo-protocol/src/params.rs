@@ -109,6 +109,21 @@ impl Params {
             && self.splits == other.splits
     }
 
+    /// True when these parameters are `template`'s with the shape `shape`
+    /// (compared as [`Params::same_as`] does; `template`'s own shape is
+    /// ignored).
+    pub fn same_as_with_shape(&self, template: &Params, shape: &[u64]) -> bool {
+        self.shape.as_slice() == shape
+            && self.kind == template.kind
+            && self.dtype == template.dtype
+            && self.device == template.device
+            && self.root_rank == template.root_rank
+            && self.reduce_op == template.reduce_op
+            && self.prescale.to_bits() == template.prescale.to_bits()
+            && self.postscale.to_bits() == template.postscale.to_bits()
+            && self.splits == template.splits
+    }
+
     /// Number of elements (product of the shape; 1 for a scalar),
     /// saturating at `u64::MAX`.
     pub fn num_elements(&self) -> u64 {
@@ -172,6 +187,8 @@ mod tests {
                 && request.postscale.to_bits() == rb.postscale.to_bits()
                 && request.splits == rb.splits;
             prop_assert_eq!(a.same_as(&b), fields_equal);
+            let template = Params { shape: Shape::new(), ..b.clone() };
+            prop_assert_eq!(a.same_as_with_shape(&template, &b.shape), fields_equal);
             prop_assert_eq!(a.num_elements(), request.num_elements());
         }
     }

@@ -10,10 +10,12 @@ use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
-use crate::table::{Entry, Held, Input};
+use crate::batches::{Batches, PartRef};
+use crate::table::{Entry, Input, Taken};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
-    Agreed, Coordinator, CoordinatorError, CycleOutput, NegotiationEvent, Submission, TensorId,
+    Agreed, Coordinator, CoordinatorError, CycleOutput, Hit, NegotiationEvent, Submission,
+    TensorId,
 };
 use kolo_fusion::{Edge, FusionBuffers, Phase};
 use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
@@ -39,29 +41,86 @@ pub(crate) enum Command {
 /// Fails the backend when the rank aborts.
 type AbortHook<B> = Box<dyn FnOnce(&mut B, &str) + Send>;
 
-/// One rank's engine; lives on the background thread.
+/// One rank's background thread: the cycle loop around the coordinator and
+/// the engine that performs what it agreed.
+pub(crate) struct Background<B> {
+    coordinator: Coordinator,
+    engine: Engine<B>,
+    cycle_time: Duration,
+    commands: Receiver<Command>,
+    abort: Option<AbortHook<B>>,
+    shutdown_requested: bool,
+}
+
+/// What performs the agreed responses: the backend, the fusion buffers,
+/// the timeline, and the tensors taken from the table (this thread's side
+/// of it).
 pub(crate) struct Engine<B> {
     pub(crate) backend: B,
     pub(crate) rank: usize,
     pub(crate) size: usize,
-    coordinator: Coordinator,
     fusion_threshold: usize,
-    cycle_time: Duration,
     pub(crate) buffers: FusionBuffers,
     pub(crate) timeline: Timeline,
     pub(crate) shared: Arc<Shared>,
-    commands: Receiver<Command>,
-    abort: Option<AbortHook<B>>,
-    shutdown_requested: bool,
     /// The GPU data plane, serving responses on device tensors.
     pub(crate) device: Option<Box<dyn DevicePlane>>,
     /// The tensors taken from the table's queue and not performed yet, by
-    /// id (this thread's side of the table).
+    /// id.
     held: Vec<Option<Held>>,
+    /// Their submissions.
+    pub(crate) batches: Batches,
+    /// The last cycle's fusion plan, for a cycle that repeats it.
+    plan: PlanMemo,
+}
+
+/// One tensor the engine holds: its input and where its result goes.
+struct Held {
+    input: Input,
+    part: PartRef,
+}
+
+/// One response of a cycle as the engine performs it: the response (rank
+/// 0's, or a cached one) and this rank's id for its tensor.
+pub(crate) struct Work<'c> {
+    pub response: &'c Response,
+    pub id: Option<TensorId>,
+}
+
+/// This rank's parameters for the tensors it performs (the
+/// coordinator's record of its last request for each).
+#[derive(Clone, Copy)]
+pub(crate) struct ParamsOf<'c>(&'c Coordinator);
+
+impl<'c> ParamsOf<'c> {
+    /// The parameters of `entry`'s tensor.
+    pub(crate) fn of(self, entry: &Entry) -> Option<&'c Params> {
+        self.0.params(entry.id)
+    }
+
+    /// The shape `entry`'s tensor was submitted with (empty if unknown, a
+    /// kolo bug: every request reaches the coordinator before its
+    /// response).
+    pub(crate) fn shape(self, entry: &Entry) -> Vec<u64> {
+        self.of(entry).map(|p| p.shape.to_vec()).unwrap_or_default()
+    }
+}
+
+/// The fusion plan of a cycle settled entirely by the cache, with what
+/// makes it valid: the same hits, the same cache contents (generation) and
+/// the same threshold give the same plan (it is a pure function of the
+/// responses), so a training step that repeats the last one reuses it
+/// without reading a response.
+#[derive(Default)]
+struct PlanMemo {
+    slots: Vec<usize>,
+    generation: u64,
+    plan: Option<kolo_fusion::FusionPlan>,
 }
 
 /// Closes the tensor table if the background thread unwinds, so that no
-/// handle waits forever on a dead engine.
+/// handle waits forever on a dead engine (the engine's own tensors fail
+/// when its submissions are dropped, see `crate::batches`).
 struct CloseOnUnwind {
     shared: Arc<Shared>,
     rank: usize,
@@ -81,17 +140,15 @@ impl Drop for CloseOnUnwind {
     }
 }
 
-/// Closes the table with `reason` and fails every entry still in flight.
+/// Closes the table with `reason` and fails every submission still queued.
 fn fail_all(shared: &Shared, reason: Error) {
-    let entries = shared.table.lock().close(reason.clone());
-    crate::handle::complete_all(
-        entries
-            .into_iter()
-            .map(|held| (held.part, Err(reason.clone()))),
-    );
+    let queued = shared.table.lock().close(reason.clone());
+    for completion in queued {
+        completion.fail_open(|_| reason.clone());
+    }
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend> Background<B> {
     pub(crate) fn new(
         backend: B,
         config: &Config,
@@ -101,43 +158,50 @@ impl<B: Backend> Engine<B> {
         abort: impl FnOnce(&mut B, &str) + Send + 'static,
     ) -> Self {
         let (rank, size) = (backend.rank(), backend.size());
-        Engine {
-            backend,
-            rank,
-            size,
+        Background {
             coordinator: Coordinator::new(rank, size, config.coordinator()),
-            fusion_threshold: config.fusion_threshold,
+            engine: Engine {
+                backend,
+                rank,
+                size,
+                fusion_threshold: config.fusion_threshold,
+                buffers: FusionBuffers::new(),
+                timeline,
+                shared,
+                device: None,
+                held: Vec::new(),
+                batches: Batches::default(),
+                plan: PlanMemo::default(),
+            },
             cycle_time: config.cycle_time,
-            buffers: FusionBuffers::new(),
-            timeline,
-            shared,
             commands,
             abort: Some(Box::new(abort)),
             shutdown_requested: false,
-            device: None,
-            held: Vec::new(),
         }
+    }
+
+    /// Gives the engine a GPU data plane (made on the engine's thread).
+    pub(crate) fn with_device(mut self, plane: Option<Box<dyn DevicePlane>>) -> Self {
+        self.engine.device = plane;
+        self
     }
 
     /// Serves until shutdown, abort or failure, then fails whatever is
     /// still pending with the reason.
     pub(crate) fn run(mut self) {
+        let rank = self.engine.rank;
         let _guard = CloseOnUnwind {
-            shared: Arc::clone(&self.shared),
-            rank: self.rank,
+            shared: Arc::clone(&self.engine.shared),
+            rank,
         };
         let reason = self.serve();
-        tracing::debug!(rank = self.rank, %reason, "kolo engine stopped");
-        // Close the table first: nothing new reaches `held` after it.
-        fail_all(&self.shared, reason.clone());
-        crate::handle::complete_all(
-            std::mem::take(&mut self.held)
-                .into_iter()
-                .flatten()
-                .map(|held| (held.part, Err(reason.clone()))),
-        );
-        if let Err(e) = self.timeline.flush() {
-            tracing::warn!(rank = self.rank, error = %e, "the timeline could not be written");
+        tracing::debug!(rank, %reason, "kolo engine stopped");
+        // Close the table first: nothing new reaches the engine after it.
+        fail_all(&self.engine.shared, reason.clone());
+        self.engine.held.clear();
+        self.engine.batches.fail_all(&reason);
+        if let Err(e) = self.engine.timeline.flush() {
+            tracing::warn!(rank, error = %e, "the timeline could not be written");
         }
     }
 
@@ -150,16 +214,16 @@ impl<B: Backend> Engine<B> {
             };
             if let Some(message) = abort {
                 if let Some(hook) = self.abort.take() {
-                    hook(&mut self.backend, &message);
+                    hook(&mut self.engine.backend, &message);
                 }
                 return Error::RankFailed {
-                    rank: self.rank,
+                    rank: self.engine.rank,
                     message,
                 };
             }
             let busy = !requests.is_empty();
             let output = match self.coordinator.cycle(
-                &mut self.backend,
+                &mut self.engine.backend,
                 requests,
                 self.shutdown_requested,
                 Instant::now(),
@@ -172,14 +236,16 @@ impl<B: Backend> Engine<B> {
                     ))
                 }
             };
-            self.record_cycle(&output, busy);
+            self.engine.record_cycle(&output, busy);
             let CycleOutput {
                 responses,
+                hits,
                 shutdown,
                 shutdown_ranks,
                 ..
             } = output;
-            self.perform_all(responses);
+            self.engine
+                .perform_all(&self.coordinator, &responses, &hits);
             if shutdown {
                 return Error::ShutDown {
                     by_ranks: shutdown_ranks,
@@ -230,28 +296,18 @@ impl<B: Backend> Engine<B> {
             }
         }
         // After the commands: a submitter queues before it sends its wake.
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(&self.engine.shared);
         let mut table = shared.table.lock();
-        let (queued, named) = table.take_queued();
-        for (id, name) in named {
-            self.coordinator.register(id, &name).map_err(|e| {
+        let taken = table.take_queued();
+        for (id, name) in &taken.named {
+            self.coordinator.register(*id, name).map_err(|e| {
                 Error::Transport(TransportError::Backend(format!(
                     "internal: the tensor table's ids disagree with the coordinator's: {e}"
                 )))
             })?;
         }
-        let mut requests = Vec::with_capacity(queued.len());
-        for q in queued {
-            let id = q.submission.id;
-            if self.held.len() <= id.index() {
-                self.held.resize_with(id.index() + 1, || None);
-            }
-            // The table refuses a name in flight, so the slot is free; if
-            // not (a kolo bug), the newcomer fails when it is replaced.
-            self.held[id.index()] = Some(q.held);
-            requests.push(q.submission);
-        }
-        let (held, coordinator) = (&self.held, &mut self.coordinator);
+        let requests = self.engine.hold(taken);
+        let (held, coordinator) = (&self.engine.held, &mut self.coordinator);
         table.reclaim(|id| {
             held.get(id.index()).is_none_or(Option::is_none) && coordinator.forget(id)
         });
@@ -278,6 +334,34 @@ impl<B: Backend> Engine<B> {
             std::thread::yield_now();
         }
     }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Holds the tensors taken from the table and returns their requests.
+    fn hold(&mut self, taken: Taken) -> Vec<Submission> {
+        let keys: Vec<u32> = taken
+            .batches
+            .into_iter()
+            .map(|(completion, parts)| self.batches.add(completion, parts))
+            .collect();
+        let mut requests = Vec::with_capacity(taken.tensors.len());
+        for q in taken.tensors {
+            let id = q.submission.id;
+            if self.held.len() <= id.index() {
+                self.held.resize_with(id.index() + 1, || None);
+            }
+            let part = Batches::part(keys.get(q.batch as usize).copied().unwrap_or(u32::MAX), q.index);
+            // The table refuses a name in flight, so the place is free; if
+            // not (a kolo bug), the one replaced fails when its submission
+            // is dropped.
+            self.held[id.index()] = Some(Held {
+                input: q.input,
+                part,
+            });
+            requests.push(q.submission);
+        }
+        requests
+    }
 
     /// Counts the cycle and writes its negotiation to the timeline.
     fn record_cycle(&self, output: &CycleOutput, busy: bool) {
@@ -291,7 +375,8 @@ impl<B: Backend> Engine<B> {
             return;
         }
         // Idle cycles are not marked: they would drown the trace.
-        if busy || !output.responses.is_empty() || !output.events.is_empty() {
+        let answered = !output.responses.is_empty() || !output.hits.is_empty();
+        if busy || answered || !output.events.is_empty() {
             self.timeline.mark_cycle();
         }
         for event in &output.events {
@@ -307,35 +392,64 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Performs the responses of one cycle in order, fused (a pure plan
-    /// every rank computes alike, see [`kolo_fusion::plan_groups`]). On
-    /// the timeline every tensor's operation opens when the cycle's
-    /// responses arrive and waits in `QUEUE` until its response runs.
-    fn perform_all(&mut self, responses: Vec<Agreed>) {
+    /// Performs the responses of one cycle in order — rank 0's, then the
+    /// cache hits (whose responses `coordinator`'s cache keeps until the
+    /// next cycle) — fused (a pure plan every rank computes alike, see
+    /// [`kolo_fusion::plan_groups`]). On the timeline every tensor's
+    /// operation opens when the cycle's responses arrive and waits in
+    /// `QUEUE` until its response runs.
+    fn perform_all(&mut self, coordinator: &Coordinator, decided: &[Agreed], hits: &[Hit]) {
+        let cache = coordinator.cache();
+        let mut work: Vec<Work<'_>> = Vec::with_capacity(decided.len() + hits.len());
+        work.extend(decided.iter().map(|a| Work {
+            response: &a.response,
+            id: a.id,
+        }));
+        work.extend(hits.iter().filter_map(|hit| {
+            cache.response(hit.slot).map(|response| Work {
+                response,
+                id: hit.id,
+            })
+        }));
         if self.timeline.is_enabled() {
-            for response in &responses {
-                if let ResponseKind::Op(kind) = response.kind {
-                    for name in &response.tensor_names {
+            for w in &work {
+                if let ResponseKind::Op(kind) = w.response.kind {
+                    for name in &w.response.tensor_names {
                         self.timeline.op_start(name, kind.name());
                         self.timeline.activity_start(name, activity::QUEUE);
                     }
                 }
             }
         }
-        let refs: Vec<&Response> = responses.iter().map(|a| &*a.response).collect();
-        let plan = kolo_fusion::plan_groups(&refs, self.fusion_threshold);
+        let repeated = decided.is_empty()
+            && self.plan.generation == cache.generation()
+            && self.plan.slots.len() == hits.len()
+            && self.plan.slots.iter().zip(hits).all(|(&s, h)| s == h.slot);
+        let plan = match self.plan.plan.take() {
+            Some(plan) if repeated => plan,
+            _ => {
+                let refs: Vec<&Response> = work.iter().map(|w| w.response).collect();
+                kolo_fusion::plan_groups(&refs, self.fusion_threshold)
+            }
+        };
         for members in plan.groups() {
-            self.perform(&responses, members);
+            self.perform(coordinator, &work, members);
+        }
+        if decided.is_empty() {
+            self.plan.slots.clear();
+            self.plan.slots.extend(hits.iter().map(|h| h.slot));
+            self.plan.generation = cache.generation();
+            self.plan.plan = Some(plan);
         }
     }
 
     /// Takes this rank's entries for the tensors of `members` out of the
-    /// table, in order (`None` where this rank has none).
-    fn take_entries(&mut self, responses: &[Agreed], members: &[usize]) -> Vec<Option<Entry>> {
+    /// engine's hold, in order (`None` where this rank has none).
+    fn take_entries(&mut self, work: &[Work<'_>], members: &[usize]) -> Vec<Option<Entry>> {
         let mut slots = Vec::with_capacity(members.len());
         for &m in members {
-            let agreed = &responses[m];
-            match (agreed.id, agreed.tensor_names.as_slice()) {
+            let w = &work[m];
+            match (w.id, w.response.tensor_names.as_slice()) {
                 (Some(id), [_]) => slots.push(self.take_entry(id)),
                 (_, names) => {
                     // A join (several names), or a name this rank's
@@ -353,17 +467,11 @@ impl<B: Backend> Engine<B> {
         slots
     }
 
-    /// The tensor `id` this rank holds, with its parameters.
+    /// The tensor `id` this rank holds.
     fn take_entry(&mut self, id: TensorId) -> Option<Entry> {
         let held = self.held.get_mut(id.index())?.take()?;
-        let params = self.coordinator.params(id).cloned().unwrap_or_else(|| {
-            // Every submission reaches the coordinator before its
-            // response: a kolo bug if not (the parameters serve the
-            // timeline and the device only).
-            Params::new(RequestKind::Barrier, DataType::U8, [])
-        });
         Some(Entry {
-            params,
+            id,
             input: held.input,
             part: held.part,
         })
@@ -371,14 +479,14 @@ impl<B: Backend> Engine<B> {
 
     /// Performs one group of the plan: fails its tensors, or runs its
     /// collective.
-    fn perform(&mut self, responses: &[Agreed], members: &[usize]) {
-        let parts: Vec<&Response> = members.iter().map(|&m| &*responses[m].response).collect();
+    fn perform(&mut self, coordinator: &Coordinator, work: &[Work<'_>], members: &[usize]) {
+        let parts: Vec<&Response> = members.iter().map(|&m| work[m].response).collect();
         let Some(&head) = parts.first() else {
             return;
         };
         let ResponseKind::Op(kind) = head.kind else {
             for &m in members {
-                self.fail_tensors(&responses[m]);
+                self.fail_tensors(&work[m]);
             }
             return;
         };
@@ -391,35 +499,36 @@ impl<B: Backend> Engine<B> {
             Vec::new()
         };
         self.timeline.activity_end_all(&names);
-        let slots = self.take_entries(responses, members);
+        let slots = self.take_entries(work, members);
         if kind != RequestKind::Join {
             self.shared.stats.lock().record_operation(slots.len());
         }
         tracing::trace!(rank = self.rank, %kind, tensors = slots.len(), "performing");
+        let params = ParamsOf(coordinator);
         if crate::device::on_device(head) {
             let fused = kolo_fusion::fuse(&parts);
-            self.perform_device(kind, &fused, slots);
+            self.perform_device(kind, &fused, slots, params);
             return;
         }
         match kind {
             RequestKind::Allreduce => {
-                with_element_type!(head.dtype, T => self.allreduce::<T>(&parts, &names, slots))
+                with_element_type!(head.dtype, T => self.allreduce::<T>(&parts, &names, slots, params))
             }
             RequestKind::ReduceScatter => {
                 let r = &kolo_fusion::fuse(&parts);
-                with_element_type!(r.dtype, T => self.reduce_scatter::<T>(r, slots))
+                with_element_type!(r.dtype, T => self.reduce_scatter::<T>(r, slots, params))
             }
             RequestKind::Allgather => {
                 let r = &kolo_fusion::fuse(&parts);
-                with_element_type!(r.dtype, T => self.allgather::<T>(r, slots))
+                with_element_type!(r.dtype, T => self.allgather::<T>(r, slots, params))
             }
             RequestKind::Broadcast => {
                 let r = &kolo_fusion::fuse(&parts);
-                with_element_type!(r.dtype, T => self.broadcast::<T>(r, slots))
+                with_element_type!(r.dtype, T => self.broadcast::<T>(r, slots, params))
             }
             RequestKind::Alltoall => {
                 let r = &kolo_fusion::fuse(&parts);
-                with_element_type!(r.dtype, T => self.alltoall::<T>(r, slots))
+                with_element_type!(r.dtype, T => self.alltoall::<T>(r, slots, params))
             }
             RequestKind::Barrier | RequestKind::Join => {
                 // The negotiation itself gathered every rank for a join; a
@@ -429,35 +538,38 @@ impl<B: Backend> Engine<B> {
                     _ => Ok(()),
                 };
                 let names = parts.iter().flat_map(|r| r.tensor_names.iter());
+                let mut done = Vec::with_capacity(slots.len());
                 for (name, slot) in names.zip(slots) {
                     self.timeline.op_end(name, "", &[]);
                     if let Some(entry) = slot {
-                        entry.complete(result.clone().map(|()| Box::new(()) as Payload));
+                        done.push((entry.part, result.clone().map(|()| Box::new(()) as Payload)));
                     }
                 }
+                self.batches.complete(done);
             }
         }
     }
 
     /// Fails the tensors of an error response with its message.
-    fn fail_tensors(&mut self, agreed: &Agreed) {
-        let slots = self.take_entries(std::slice::from_ref(agreed), &[0]);
-        let mut stats = self.shared.stats.lock();
-        stats.failed_tensors += agreed.tensor_names.len() as u64;
-        drop(stats);
-        for (name, slot) in agreed.tensor_names.iter().zip(slots) {
-            tracing::debug!(rank = self.rank, tensor = %name, message = %agreed.error_message, "tensor failed");
+    fn fail_tensors(&mut self, w: &Work<'_>) {
+        let slots = self.take_entries(std::slice::from_ref(w), &[0]);
+        let response = w.response;
+        self.shared.stats.lock().failed_tensors += response.tensor_names.len() as u64;
+        let mut done = Vec::with_capacity(slots.len());
+        for (name, slot) in response.tensor_names.iter().zip(slots) {
+            tracing::debug!(rank = self.rank, tensor = %name, message = %response.error_message, "tensor failed");
             if let Some(entry) = slot {
-                entry.complete(Err(Error::from_response(name, &agreed.error_message)));
+                done.push((entry.part, Err(Error::from_response(name, &response.error_message))));
             }
         }
+        self.batches.complete(done);
     }
 
     /// Ends `name`'s operation: the timeline's span closes with its dtype
     /// and output shape, and the handle (if this rank submitted the tensor)
     /// completes with `result`.
     pub(crate) fn finish(
-        &self,
+        &mut self,
         name: &str,
         slot: Option<Entry>,
         result: Result<Payload, Error>,
@@ -466,7 +578,7 @@ impl<B: Backend> Engine<B> {
     ) {
         self.timeline.op_end(name, dtype.name(), shape);
         if let Some(entry) = slot {
-            entry.complete(result);
+            self.batches.complete([(entry.part, result)]);
         }
     }
 }
@@ -494,7 +606,11 @@ pub(crate) fn observer<'t>(
 /// Moves the engine's copy of the input out of `slot`. An input of another
 /// type than the response's (a kolo bug) fails the entry and reads as
 /// absent, so that this rank still takes part in the collective.
-pub(crate) fn take_input<T: Element>(name: &str, slot: &mut Option<Entry>) -> Option<Vec<T>> {
+pub(crate) fn take_input<T: Element>(
+    name: &str,
+    slot: &mut Option<Entry>,
+    failed: &mut Vec<(PartRef, Result<Payload, Error>)>,
+) -> Option<Vec<T>> {
     let entry = slot.as_mut()?;
     let problem = match std::mem::replace(&mut entry.input, Input::None) {
         Input::Owned(payload) => match payload.downcast::<Vec<T>>() {
@@ -507,11 +623,16 @@ pub(crate) fn take_input<T: Element>(name: &str, slot: &mut Option<Entry>) -> Op
         }
         Input::None => "internal: the tensor has no input".to_owned(),
     };
+    // The caller completes the tensor with the failure (its slot is
+    // emptied, so it takes part as absent).
     if let Some(entry) = slot.take() {
-        entry.complete(Err(Error::Collective {
-            tensor: name.to_owned(),
-            message: problem,
-        }));
+        failed.push((
+            entry.part,
+            Err(Error::Collective {
+                tensor: name.to_owned(),
+                message: problem,
+            }),
+        ));
     }
     None
 }

@@ -8,8 +8,9 @@
 //! no CUDA: an engine without a plane fails device responses with an
 //! error, and the placement is a pure function of the response.
 
-use crate::table::Entry;
-use kolo_protocol::{Device, RequestKind, Response};
+use crate::handle::Part;
+use crate::table::Input;
+use kolo_protocol::{Device, Params, RequestKind, Response};
 use kolo_timeline::Timeline;
 
 /// Where the tensors of one response live, across the ranks that sent it.
@@ -62,6 +63,15 @@ pub(crate) fn refusal(response: &Response, has_plane: bool) -> Option<String> {
     }
 }
 
+/// One tensor as a device plane performs it: this rank's parameters and
+/// input, and its handle's part, which the plane completes (from any
+/// thread) once the device work is done.
+pub(crate) struct DeviceEntry {
+    pub params: Params,
+    pub input: Input,
+    pub part: Part,
+}
+
 /// A GPU data plane living on the engine's thread: performs the agreed
 /// responses on device tensors, in order, and completes their entries
 /// (when the device work is done, not when it is enqueued).
@@ -77,7 +87,7 @@ pub(crate) trait DevicePlane {
         &mut self,
         kind: RequestKind,
         response: &Response,
-        slots: Vec<Option<Entry>>,
+        slots: Vec<Option<DeviceEntry>>,
         timeline: &Timeline,
     );
 }

@@ -12,7 +12,7 @@ use crate::lease::Lease;
 use crate::stats::Stats;
 use crate::table::{Input, Item, Table};
 use crossbeam_channel::Sender;
-use kolo_protocol::Params;
+use kolo_protocol::{Params, Shape};
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use parking_lot::Mutex;
@@ -31,8 +31,10 @@ pub(crate) struct Shared {
     pub stats: Mutex<Stats>,
 }
 
-/// The tensors of one submission, gathered before they enter the table.
+/// The tensors of one submission, gathered before they enter the table:
+/// one set of parameters (the template's) for all, each with its shape.
 pub(crate) struct Group<'n> {
+    template: Params,
     items: Vec<Item<'n>>,
     names: TensorNames,
     /// The handle gets each tensor's output.
@@ -42,9 +44,16 @@ pub(crate) struct Group<'n> {
 }
 
 impl<'n> Group<'n> {
-    /// An empty submission with room for `capacity` tensors.
-    pub(crate) fn new(capacity: usize, payloads: bool, lease: Option<Lease>) -> Self {
+    /// An empty submission of tensors with the parameters `template` (its
+    /// shape is ignored) with room for `capacity` tensors.
+    pub(crate) fn new(
+        template: Params,
+        capacity: usize,
+        payloads: bool,
+        lease: Option<Lease>,
+    ) -> Self {
         Group {
+            template,
             items: Vec::with_capacity(capacity),
             names: TensorNames::with_capacity(capacity),
             payloads,
@@ -52,14 +61,10 @@ impl<'n> Group<'n> {
         }
     }
 
-    /// Adds a tensor.
-    pub(crate) fn push(&mut self, name: &'n str, params: Params, input: Input) {
+    /// Adds a tensor of `shape`.
+    pub(crate) fn push(&mut self, name: &'n str, shape: Shape, input: Input) {
         self.names.push(name);
-        self.items.push(Item {
-            name,
-            params,
-            input,
-        });
+        self.items.push(Item { name, shape, input });
     }
 }
 
@@ -158,7 +163,7 @@ impl Kolo {
                     }
                     _ => Timeline::disabled(),
                 };
-                let engine = background::Engine::new(
+                let engine = background::Background::new(
                     backend,
                     &engine_config,
                     timeline,
@@ -274,8 +279,9 @@ impl Kolo {
         params: Params,
         input: Input,
     ) -> Result<Arc<Completion>, Error> {
-        let mut group = Group::new(1, true, None);
-        group.push(name, params, input);
+        let shape = params.shape.clone();
+        let mut group = Group::new(params, 1, true, None);
+        group.push(name, shape, input);
         self.submit(group)
     }
 
@@ -284,6 +290,7 @@ impl Kolo {
     /// submission's completion.
     pub(crate) fn submit(&self, group: Group<'_>) -> Result<Arc<Completion>, Error> {
         let Group {
+            template,
             items,
             names,
             payloads,
@@ -293,7 +300,11 @@ impl Kolo {
         if items.is_empty() {
             return Ok(completion);
         }
-        let inserted = self.shared.table.lock().insert(items, &completion);
+        let inserted = self
+            .shared
+            .table
+            .lock()
+            .insert(&template, items, &completion);
         match inserted {
             Ok(wake) => {
                 if wake {

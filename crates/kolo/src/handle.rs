@@ -115,6 +115,11 @@ impl Completion {
         }
     }
 
+    /// The names of the submission's tensors.
+    pub(crate) fn names(&self) -> &TensorNames {
+        &self.names
+    }
+
     /// True once part `index` is in (or out of range).
     pub(crate) fn part_done(&self, index: u32) -> bool {
         self.is_done()
@@ -163,11 +168,25 @@ impl Completion {
         }
     }
 
-    /// Completes the parts `index` of this submission with their results.
-    fn complete(&self, parts: impl IntoIterator<Item = (u32, Result<Payload, Error>)>) {
+    /// Completes the parts `index` of this submission with their results
+    /// (a part already in keeps its first result).
+    pub(crate) fn complete_parts(&self, parts: impl IntoIterator<Item = (u32, Result<Payload, Error>)>) {
         let mut state = self.state.lock();
         for (index, result) in parts {
             Completion::record(&mut state, index, result);
+        }
+        self.finish(&mut state);
+    }
+
+    /// Fails every part not in yet with `error(its tensor's name)`.
+    pub(crate) fn fail_open(&self, error: impl Fn(&str) -> Error) {
+        let mut state = self.state.lock();
+        let open: Vec<u32> = (0..state.done.len() as u32)
+            .filter(|&i| !state.done[i as usize])
+            .collect();
+        for index in open {
+            let failure = error(self.names.get(index as usize));
+            Completion::record(&mut state, index, Err(failure));
         }
         self.finish(&mut state);
     }
@@ -229,7 +248,7 @@ impl Part {
     /// Completes this tensor with `result`.
     pub(crate) fn complete(mut self, result: Result<Payload, Error>) {
         if let Some(completion) = self.completion.take() {
-            completion.complete([(self.index, result)]);
+            completion.complete_parts([(self.index, result)]);
         }
     }
 }
@@ -240,7 +259,7 @@ impl Drop for Part {
     fn drop(&mut self) {
         if let Some(completion) = self.completion.take() {
             let tensor = completion.names.get(self.index as usize).to_owned();
-            completion.complete([(
+            completion.complete_parts([(
                 self.index,
                 Err(Error::Collective {
                     tensor,
@@ -251,32 +270,8 @@ impl Drop for Part {
     }
 }
 
-/// Completes every part with its result, taking each submission's lock
-/// once per run of consecutive parts of that submission (a fused response
-/// usually holds one submission's tensors back to back).
-pub(crate) fn complete_all(parts: impl IntoIterator<Item = (Part, Result<Payload, Error>)>) {
-    let mut run: Option<Arc<Completion>> = None;
-    let mut batch: Vec<(u32, Result<Payload, Error>)> = Vec::new();
-    for (mut part, result) in parts {
-        let Some(completion) = part.completion.take() else {
-            continue;
-        };
-        if let Some(current) = &run {
-            if !Arc::ptr_eq(current, &completion) {
-                current.complete(batch.drain(..));
-                run = None;
-            }
-        }
-        batch.push((part.index, result));
-        run.get_or_insert(completion);
-    }
-    if let Some(current) = run {
-        current.complete(batch);
-    }
-}
-
 /// The names of a handle's tensors, in one buffer.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct TensorNames {
     text: String,
     ends: Vec<u32>,
@@ -491,27 +486,6 @@ mod tests {
             Err(Error::Collective { tensor, .. }) => assert_eq!(tensor, "t0"),
             other => panic!("{other:?}"),
         }
-    }
-
-    #[test]
-    fn complete_all_batches_runs_of_one_submission() {
-        let (x, y) = (
-            Completion::new(names(2), true, None),
-            Completion::new(names(1), true, None),
-        );
-        let parts = vec![
-            (x.part(1), Ok(Box::new(10u8) as Payload)),
-            (y.part(0), Ok(Box::new(20u8) as Payload)),
-            (x.part(0), Ok(Box::new(30u8) as Payload)),
-        ];
-        complete_all(parts);
-        let hx = Handle::new(Arc::clone(&x), |p: Vec<Payload>| {
-            Ok(p.into_iter()
-                .map(|p| *p.downcast::<u8>().unwrap())
-                .collect::<Vec<_>>())
-        });
-        assert_eq!(hx.wait(), Ok(vec![30, 10]));
-        assert!(y.is_done());
     }
 
     #[test]

@@ -35,6 +35,7 @@
 //! ```
 
 mod background;
+mod batches;
 pub mod config;
 mod device;
 mod engine;

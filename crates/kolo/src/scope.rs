@@ -17,7 +17,7 @@ use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
 use crate::table::Input;
-use crate::tensor::{shape_problem, TensorMut};
+use crate::tensor::{shape_problem, wire_shape, TensorMut};
 use kolo_protocol::RequestKind;
 use kolo_transport::Element;
 use std::any::TypeId;
@@ -142,7 +142,9 @@ impl<'scope> Scope<'scope, '_> {
         let options = options.into();
         let kolo = self.core.kolo;
         let tensors = tensors.into_iter();
-        let mut group = Group::new(tensors.size_hint().0, false, Some(self.core.leases.lease()));
+        let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
+        let lease = Some(self.core.leases.lease());
+        let mut group = Group::new(template, tensors.size_hint().0, false, lease);
         for (name, tensor) in tensors {
             let (data, shape) = tensor.into_parts();
             if let Some(reason) = shape_problem(&shape, data.len()) {
@@ -151,8 +153,7 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            let params = kolo.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options);
-            group.push(name, params, Input::Lent(Lent::new(data)));
+            group.push(name, wire_shape(&shape), Input::Lent(Lent::new(data)));
         }
         let completion = kolo.submit(group)?;
         Ok(Handle::new(completion, |_| Ok(())))

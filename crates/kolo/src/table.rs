@@ -3,27 +3,37 @@
 //! Every tensor name gets a small [`TensorId`] the first time it is
 //! submitted (one hash of the name), and from then on the engine works by
 //! id: the coordinator negotiates by id, and a repeated training step
-//! touches no name and allocates nothing per tensor. Ids of names not seen
-//! for a while are reclaimed (see [`Table::reclaim`]), so that a job that
-//! makes up new names (barriers, joins, unnamed tensors) does not grow the
-//! table without bound.
+//! touches no name and allocates nothing per tensor. A group submitted
+//! again with the same names finds its ids without hashing them (the
+//! table remembers its last few groups). Ids of names not seen for a while
+//! are reclaimed (see [`Table::reclaim`]), so that a job that makes up new
+//! names (barriers, joins, unnamed tensors) does not grow the table
+//! without bound.
 //!
 //! The table is the submitters' side: the background thread only takes
-//! the queue (each tensor's request and input, handed over together) and
-//! keeps the tensors it performs on its own side, indexed by id, so that
-//! the two threads never write the same memory per tensor (each such line
-//! would cross between the cores twice per step). Whether a name is still
-//! in flight is read from its last submission's completion.
+//! the queue (each tensor's request and input, handed over together, and
+//! one reference per submission) and keeps the tensors it performs on its
+//! own side, so that the two threads never write the same memory per
+//! tensor (each such line would cross between the cores twice per step).
+//! Whether a name is still in flight is read from its last submission's
+//! completion.
 
 use crate::error::Error;
-use crate::handle::{Completion, Part, Payload};
+use crate::handle::{Completion, Payload};
 use kolo_coordinator::{Submission, TensorId};
-use kolo_protocol::Params;
+use kolo_protocol::{Params, Shape};
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// Below this many names the table never reclaims ids.
 const RECLAIM_FLOOR: usize = 4096;
+
+/// Groups of at least this many tensors are remembered (their ids found
+/// again without hashing the names).
+const MEMO_MIN_TENSORS: usize = 8;
+
+/// How many groups are remembered.
+const MEMO_GROUPS: usize = 4;
 
 /// What the engine gets of one tensor's input.
 pub(crate) enum Input {
@@ -36,45 +46,43 @@ pub(crate) enum Input {
     Lent(crate::scope::Lent),
 }
 
-/// One tensor submitted on this rank and not yet completed, as the
-/// engine performs it: with this rank's parameters for it (the
-/// coordinator's, see [`kolo_coordinator::Coordinator::params`]).
+/// One tensor as the engine performs it.
 pub(crate) struct Entry {
-    /// What this rank asked for (the name is the id's).
-    pub params: Params,
+    /// The tensor (its parameters are the coordinator's, see
+    /// [`kolo_coordinator::Coordinator::params`]).
+    pub id: TensorId,
     /// The input.
     pub input: Input,
     /// Where the result goes.
-    pub part: Part,
+    pub part: crate::batches::PartRef,
 }
 
-/// One tensor handed to the background thread: its input and where its
-/// result goes.
-pub(crate) struct Held {
-    /// The input.
-    pub input: Input,
-    /// Where the result goes.
-    pub part: Part,
-}
-
-/// One tensor of the queue: its request and itself.
-pub(crate) struct Queued {
-    pub submission: Submission,
-    pub held: Held,
-}
-
-impl Entry {
-    /// Completes the tensor with `result`.
-    pub(crate) fn complete(self, result: Result<Payload, Error>) {
-        self.part.complete(result);
-    }
-}
-
-/// One tensor of a submission, before it enters the table.
+/// One tensor of a submission, before it enters the table: its name, its
+/// shape (the rest of its parameters are the submission's) and its input.
 pub(crate) struct Item<'n> {
     pub name: &'n str,
-    pub params: Params,
+    pub shape: Shape,
     pub input: Input,
+}
+
+/// One tensor of the queue: its request, its input, and which queued
+/// submission (index into the queue's submissions) and part it is.
+pub(crate) struct Queued {
+    pub submission: Submission,
+    pub input: Input,
+    pub batch: u32,
+    pub index: u32,
+}
+
+/// What the background thread takes from the table.
+#[derive(Default)]
+pub(crate) struct Taken {
+    /// The tensors, in submission order.
+    pub tensors: Vec<Queued>,
+    /// The submissions they belong to, with their number of tensors.
+    pub batches: Vec<(Arc<Completion>, usize)>,
+    /// Ids named since the last take (to register before the requests).
+    pub named: Vec<(TensorId, Arc<str>)>,
 }
 
 /// One id's place in the table.
@@ -82,15 +90,21 @@ pub(crate) struct Item<'n> {
 struct Slot {
     /// The id's name; `None` while the id is free.
     name: Option<Arc<str>>,
-    /// The name's last submission and its place in it: the name is in
-    /// flight until that part is in.
-    flight: Option<(Arc<Completion>, u32)>,
+    /// The name's last submission (its sequence number) and its place in
+    /// it: the name is in flight until that part is in.
+    flight: Option<(u64, u32)>,
     /// The parameters the name was last submitted with (the coordinator
     /// has them too: a repeat is queued without them).
     last: Option<Params>,
     /// The submission that last used the name (a name twice in one
     /// submission is refused).
     mark: u64,
+}
+
+/// A group of names submitted before, and their ids.
+struct Memo {
+    names: crate::handle::TensorNames,
+    ids: Vec<TensorId>,
 }
 
 /// The entries in flight, the requests the background thread has not
@@ -101,14 +115,17 @@ pub(crate) struct Table {
     slots: Vec<Slot>,
     /// Ids free for new names.
     free: Vec<TensorId>,
-    /// Requests and inputs of inserted entries, for the background
-    /// thread's next cycle. Submitters only wake the thread when this was
-    /// empty: a burst of submissions costs one wake-up, not one per
-    /// tensor.
-    queued: Vec<Queued>,
-    /// Ids named since the background thread last looked.
-    named: Vec<(TensorId, Arc<str>)>,
-    /// Submissions so far (marks a submission's names).
+    /// Submissions that may have tensors in flight, by sequence number
+    /// (ascending): a name's `flight` refers to one of them, or to one
+    /// done and forgotten.
+    live: Vec<(u64, Arc<Completion>)>,
+    /// What the background thread takes next. Submitters only wake the
+    /// thread when the queue was empty: a burst of submissions costs one
+    /// wake-up, not one per tensor.
+    queue: Taken,
+    /// The last groups submitted.
+    memos: Vec<Memo>,
+    /// Submissions so far (each one's sequence number).
     submissions: u64,
     /// Reclaim ids once this many names are known.
     reclaim_at: usize,
@@ -132,17 +149,49 @@ impl Table {
         };
         self.slots[id.index()].name = Some(Arc::clone(&name));
         self.ids.insert(Arc::clone(&name), id);
-        self.named.push((id, name));
+        self.queue.named.push((id, name));
         id
     }
 
-    /// Adds every item of one submission (completing `completion`'s parts
-    /// in order), or none: fails if the engine stopped or a name is in
-    /// flight (or given twice). Queues the requests for the background
-    /// thread; returns whether the queue was empty, i.e. whether the
-    /// thread needs waking.
+    /// The ids of `names`: remembered for a group seen before, else
+    /// interned one by one (and remembered if the group is large).
+    fn ids_of(&mut self, names: &crate::handle::TensorNames) -> Vec<TensorId> {
+        if let Some(memo) = self.memos.iter().find(|m| m.names == *names) {
+            return memo.ids.clone();
+        }
+        let ids: Vec<TensorId> = names.iter().map(|name| self.intern(name)).collect();
+        if ids.len() >= MEMO_MIN_TENSORS {
+            if self.memos.len() == MEMO_GROUPS {
+                self.memos.remove(0);
+            }
+            self.memos.push(Memo {
+                names: names.clone(),
+                ids: ids.clone(),
+            });
+        }
+        ids
+    }
+
+    /// True while the tensor of `flight` (a submission and a part of it)
+    /// is not in.
+    fn flying(live: &[(u64, Arc<Completion>)], flight: Option<(u64, u32)>) -> bool {
+        let Some((seq, index)) = flight else {
+            return false;
+        };
+        match live.binary_search_by_key(&seq, |(s, _)| *s) {
+            Ok(at) => !live[at].1.part_done(index),
+            Err(_) => false,
+        }
+    }
+
+    /// Adds every item of one submission — `completion`'s parts, in order,
+    /// all with the parameters `template` but for their shapes — or none:
+    /// fails if the engine stopped or a name is in flight (or given
+    /// twice). Queues the requests for the background thread; returns
+    /// whether the queue was empty, i.e. whether the thread needs waking.
     pub(crate) fn insert(
         &mut self,
+        template: &Params,
         items: Vec<Item<'_>>,
         completion: &Arc<Completion>,
     ) -> Result<bool, Error> {
@@ -150,57 +199,55 @@ impl Table {
             return Err(reason.clone());
         }
         self.submissions += 1;
-        let mark = self.submissions;
-        let mut ids = Vec::with_capacity(items.len());
-        for item in &items {
-            let id = self.intern(item.name);
+        let seq = self.submissions;
+        self.live.retain(|(_, c)| !c.is_done());
+        let ids = self.ids_of(completion.names());
+        for (item, &id) in items.iter().zip(&ids) {
             let slot = &mut self.slots[id.index()];
-            let flying = slot
-                .flight
-                .as_ref()
-                .is_some_and(|(last, index)| !last.part_done(*index));
-            if flying || slot.mark == mark {
+            if Table::flying(&self.live, slot.flight) || slot.mark == seq {
                 return Err(Error::DuplicateName {
                     tensor: item.name.to_owned(),
                 });
             }
-            slot.mark = mark;
-            ids.push(id);
+            slot.mark = seq;
         }
-        let wake = self.queued.is_empty();
-        self.queued.reserve(items.len());
+        let wake = self.queue.tensors.is_empty();
+        let batch = self.queue.batches.len() as u32;
+        self.queue.batches.push((Arc::clone(completion), items.len()));
+        self.live.push((seq, Arc::clone(completion)));
+        self.queue.tensors.reserve(items.len());
         for (index, (item, id)) in items.into_iter().zip(ids).enumerate() {
             let slot = &mut self.slots[id.index()];
             let repeat = slot
                 .last
                 .as_ref()
-                .is_some_and(|last| last.same_as(&item.params));
+                .is_some_and(|last| last.same_as_with_shape(template, &item.shape));
             let submission = if repeat {
                 Submission::repeat(id)
             } else {
-                let submission = Submission::new(id, item.params.clone());
-                slot.last = Some(item.params);
+                let params = Params {
+                    shape: item.shape,
+                    ..template.clone()
+                };
+                let submission = Submission::new(id, params.clone());
+                slot.last = Some(params);
                 submission
             };
-            slot.flight = Some((Arc::clone(completion), index as u32));
-            self.queued.push(Queued {
+            slot.flight = Some((seq, index as u32));
+            self.queue.tensors.push(Queued {
                 submission,
-                held: Held {
-                    input: item.input,
-                    part: completion.part(index),
-                },
+                input: item.input,
+                batch,
+                index: index as u32,
             });
         }
         Ok(wake)
     }
 
-    /// Takes the queued tensors, in submission order, and the ids named
-    /// since the last call (to be registered before the requests).
-    pub(crate) fn take_queued(&mut self) -> (Vec<Queued>, Vec<(TensorId, Arc<str>)>) {
-        (
-            std::mem::take(&mut self.queued),
-            std::mem::take(&mut self.named),
-        )
+    /// Takes the queued tensors, their submissions and the ids named since
+    /// the last call.
+    pub(crate) fn take_queued(&mut self) -> Taken {
+        std::mem::take(&mut self.queue)
     }
 
     /// The id of `name`, if it has one.
@@ -220,19 +267,18 @@ impl Table {
     /// agrees: no pending request and no cache slot refer to the id), once
     /// the table knows more names than it did after the last reclaim
     /// (twice as many, and at least [`RECLAIM_FLOOR`]). Must run after the
-    /// queue and the named ids were taken (see [`Table::take_queued`]).
+    /// queue was taken (see [`Table::take_queued`]).
     pub(crate) fn reclaim(&mut self, mut forget: impl FnMut(TensorId) -> bool) {
         let due = self.ids.len() >= self.reclaim_at.max(RECLAIM_FLOOR);
-        if !due || !self.named.is_empty() || !self.queued.is_empty() {
+        if !due || !self.queue.named.is_empty() || !self.queue.tensors.is_empty() {
             return;
         }
+        self.live.retain(|(_, c)| !c.is_done());
+        // Remembered groups may name freed ids.
+        self.memos.clear();
         for (index, slot) in self.slots.iter_mut().enumerate() {
             let id = TensorId(index as u32);
-            let flying = slot
-                .flight
-                .as_ref()
-                .is_some_and(|(last, index)| !last.part_done(*index));
-            if flying || slot.name.is_none() || !forget(id) {
+            if Table::flying(&self.live, slot.flight) || slot.name.is_none() || !forget(id) {
                 continue;
             }
             if let Some(name) = slot.name.take() {
@@ -252,14 +298,12 @@ impl Table {
     }
 
     /// Refuses new entries from now on (keeping the first reason given)
-    /// and returns the tensors still queued, for the caller to fail
+    /// and returns the submissions still queued, for the caller to fail
     /// outside the lock (the background thread fails those it took).
-    pub(crate) fn close(&mut self, reason: Error) -> Vec<Held> {
+    pub(crate) fn close(&mut self, reason: Error) -> Vec<Arc<Completion>> {
         self.closed.get_or_insert(reason);
-        std::mem::take(&mut self.queued)
-            .into_iter()
-            .map(|queued| queued.held)
-            .collect()
+        let queued = std::mem::take(&mut self.queue);
+        queued.batches.into_iter().map(|(c, _)| c).collect()
     }
 
     /// Why the engine stopped, if it did.
@@ -273,22 +317,27 @@ mod tests {
     use super::*;
     use crate::handle::TensorNames;
     use kolo_protocol::{DataType, RequestKind};
+    use kolo_protocol::Shape;
     use std::collections::HashMap;
+
+    fn template() -> Params {
+        Params::new(RequestKind::Allreduce, DataType::F32, [])
+    }
 
     fn item(name: &str) -> Item<'_> {
         Item {
             name,
-            params: Params::new(RequestKind::Allreduce, DataType::F32, [1]),
+            shape: Shape::from_slice(&[1]),
             input: Input::None,
         }
     }
 
-    /// The table and, standing in for the background thread, the tensors
-    /// it took.
+    /// The table and, standing in for the background thread, the
+    /// submissions and tensors it took.
     #[derive(Default)]
     struct World {
         table: Table,
-        taken: HashMap<TensorId, Held>,
+        taken: HashMap<TensorId, (Arc<Completion>, u32)>,
     }
 
     impl World {
@@ -301,7 +350,7 @@ mod tests {
             let mut tensor_names = TensorNames::with_capacity(items.len());
             items.iter().for_each(|i| tensor_names.push(i.name));
             let completion = Completion::new(tensor_names, false, None);
-            let result = self.table.insert(items, &completion);
+            let result = self.table.insert(&template(), items, &completion);
             if result.is_err() {
                 completion.abandon();
             }
@@ -310,24 +359,25 @@ mod tests {
 
         /// Takes the queue as the background thread does.
         fn take(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
-            let (queued, named) = self.table.take_queued();
-            let submissions = queued
+            let taken = self.table.take_queued();
+            let submissions = taken
+                .tensors
                 .into_iter()
                 .map(|q| {
-                    let id = q.submission.id;
-                    self.taken.insert(id, q.held);
+                    let completion = Arc::clone(&taken.batches[q.batch as usize].0);
+                    self.taken.insert(q.submission.id, (completion, q.index));
                     q.submission
                 })
                 .collect();
-            (submissions, named)
+            (submissions, taken.named)
         }
 
         /// Completes `name`'s tensor; false when it is not in flight.
         fn complete(&mut self, name: &str) -> bool {
             self.take();
             let held = self.table.id(name).and_then(|id| self.taken.remove(&id));
-            held.is_some_and(|held| {
-                held.part.complete(Ok(Box::new(())));
+            held.is_some_and(|(completion, index)| {
+                completion.complete_parts([(index, Ok(Box::new(()) as Payload))]);
                 true
             })
         }
@@ -396,7 +446,7 @@ mod tests {
         assert!(again.iter().all(|s| s.params.is_none()) && named.is_empty());
         assert!(w.complete("a"));
         let wider = Item {
-            params: Params::new(RequestKind::Allreduce, DataType::F32, [2]),
+            shape: Shape::from_slice(&[2]),
             ..item("a")
         };
         w.insert_items(vec![wider]).unwrap();
@@ -408,11 +458,40 @@ mod tests {
     }
 
     #[test]
+    fn a_group_seen_before_finds_its_ids_without_hashing() {
+        let mut w = World::default();
+        let names: Vec<String> = (0..MEMO_MIN_TENSORS).map(|i| format!("g{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        w.insert(&refs).unwrap();
+        let (first, _) = w.take();
+        assert_eq!(w.table.memos.len(), 1);
+        // Another submission takes one of the names meanwhile.
+        for name in &refs {
+            assert!(w.complete(name));
+        }
+        w.insert(&[refs[3]]).unwrap();
+        assert_eq!(
+            w.insert(&refs).err(),
+            Some(Error::DuplicateName {
+                tensor: refs[3].into()
+            }),
+            "the memo skips hashing, not the in-flight check"
+        );
+        assert!(w.complete(refs[3]));
+        w.insert(&refs).unwrap();
+        let (again, named) = w.take();
+        let ids = |s: &[Submission]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(ids(&again), ids(&first));
+        assert!(named.is_empty());
+    }
+
+    #[test]
     fn closing_refuses_and_drains() {
         let mut w = World::default();
         w.insert(&["a", "b"]).unwrap();
         let drained = w.table.close(Error::ShutDown { by_ranks: vec![1] });
-        assert_eq!(drained.len(), 2);
+        assert_eq!(drained.len(), 1, "one submission of two tensors");
+        assert_eq!(drained[0].names().len(), 2);
         assert!(w
             .table
             .close(Error::ShutDown { by_ranks: vec![0] })

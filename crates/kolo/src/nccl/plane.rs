@@ -12,10 +12,10 @@
 use super::collectives::Enqueued;
 use super::ready::ReadyEvent;
 use super::tensor::{DeviceArgs, DeviceDone};
-use crate::device::DevicePlane;
+use crate::device::{DeviceEntry, DevicePlane};
 use crate::error::Error;
 use crate::handle::{Part as Submitted, Payload};
-use crate::table::{Entry, Input};
+use crate::table::Input;
 use cudarc::driver::CudaStream;
 use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
 use kolo_protocol::{RequestKind, Response};
@@ -75,7 +75,7 @@ impl NcclPlane {
         &mut self,
         kind: RequestKind,
         response: &Response,
-        slots: Vec<Option<Entry>>,
+        slots: Vec<Option<DeviceEntry>>,
         timeline: &Timeline,
     ) {
         let mut parts: Vec<Part<T>> = response
@@ -212,7 +212,7 @@ impl DevicePlane for NcclPlane {
         &mut self,
         kind: RequestKind,
         response: &Response,
-        slots: Vec<Option<Entry>>,
+        slots: Vec<Option<DeviceEntry>>,
         timeline: &Timeline,
     ) {
         with_element_type!(response.dtype, T => self.perform_as::<T>(kind, response, slots, timeline))
@@ -222,7 +222,7 @@ impl DevicePlane for NcclPlane {
 /// Takes `name`'s entry apart; an input of another type than the
 /// response's (a kolo bug) fails the entry, and this rank takes part with
 /// a placeholder.
-fn part<T: DeviceElement>(name: &str, slot: Option<Entry>) -> Part<T> {
+fn part<T: DeviceElement>(name: &str, slot: Option<DeviceEntry>) -> Part<T> {
     let Some(entry) = slot else {
         return Part {
             name: name.to_owned(),
@@ -231,7 +231,7 @@ fn part<T: DeviceElement>(name: &str, slot: Option<Entry>) -> Part<T> {
             shape: Vec::new(),
         };
     };
-    let Entry {
+    let DeviceEntry {
         params,
         input,
         part: completion,

@@ -411,7 +411,16 @@ impl<'scope> DeviceScope<'scope, '_> {
     ) -> Result<Handle<'scope, O>, Error> {
         let mut ready = ReadyEvents::default();
         let names: Vec<String> = items.iter().map(|item| item.name.clone()).collect();
-        let mut group = Group::new(items.len(), true, None);
+        let Some(template) = items.first().map(|item| item.params.clone()) else {
+            return Err(internal("", "a device submission without tensors"));
+        };
+        if let Some(odd) = items
+            .iter()
+            .find(|item| !item.params.same_as_with_shape(&template, &item.params.shape))
+        {
+            return Err(internal(&odd.name, "the tensors of one submission differ in more than shape"));
+        }
+        let mut group = Group::new(template, items.len(), true, None);
         for (mut item, name) in items.into_iter().zip(&names) {
             for stream in &item.streams {
                 let event = ready.on(stream).map_err(|e| Error::Collective {
@@ -422,7 +431,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                     item.args.ready.push(event);
                 }
             }
-            group.push(name, item.params, Input::Owned(Box::new(item.args)));
+            group.push(name, item.params.shape, Input::Owned(Box::new(item.args)));
         }
         let completion = self.core.kolo.submit(group)?;
         Ok(Handle::new(completion, move |payloads| {

@@ -103,13 +103,14 @@ impl Kolo {
     ) -> Result<Handle<'t, ()>, Error> {
         let options = options.into();
         let tensors = tensors.into_iter();
-        let mut group = Group::new(tensors.size_hint().0, true, None);
+        let template = self.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
+        let mut group = Group::new(template, tensors.size_hint().0, true, None);
         let mut outputs: Vec<(String, &'t mut [T])> = Vec::new();
         for (name, tensor) in tensors {
             let (data, shape) = tensor.into_parts();
             check(name, shape_problem(&shape, data.len()))?;
-            let params = self.reduce_params(RequestKind::Allreduce, &shape, T::DTYPE, options);
-            group.push(name, params, Input::Owned(Box::new(data.to_vec())));
+            let input = Input::Owned(Box::new(data.to_vec()));
+            group.push(name, wire_shape(&shape), input);
             outputs.push((name.to_owned(), data));
         }
         let completion = self.submit(group)?;

@@ -1,32 +1,47 @@
 //! The engine's hook for responses on device tensors: hands them to the
 //! device plane, or fails them when the engine has none.
 
-use crate::background::Engine;
-use crate::device::{refusal, DevicePlane};
+use crate::background::{Engine, ParamsOf};
+use crate::device::{refusal, DeviceEntry};
 use crate::error::Error;
 use crate::table::Entry;
-use kolo_protocol::{RequestKind, Response};
+use kolo_protocol::{DataType, Params, RequestKind, Response};
 use kolo_transport::Backend;
 
 impl<B: Backend> Engine<B> {
-    /// Gives the engine a GPU data plane (made on the engine's thread).
-    pub(crate) fn with_device(mut self, plane: Option<Box<dyn DevicePlane>>) -> Self {
-        self.device = plane;
-        self
-    }
-
-    /// Performs a response whose tensors live on a device.
+    /// Performs a response whose tensors live on a device: hands them to
+    /// the device plane, which completes them once the device is done.
     pub(crate) fn perform_device(
         &mut self,
         kind: RequestKind,
         response: &Response,
         slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
     ) {
         match (
             refusal(response, self.device.is_some()),
-            self.device.as_mut(),
+            self.device.is_some(),
         ) {
-            (None, Some(plane)) => plane.perform(kind, response, slots, &self.timeline),
+            (None, true) => {
+                let entries: Vec<Option<DeviceEntry>> = slots
+                    .into_iter()
+                    .map(|slot| {
+                        let entry = slot?;
+                        let params = params.of(&entry).cloned().unwrap_or_else(|| {
+                            Params::new(RequestKind::Barrier, DataType::U8, [])
+                        });
+                        let part = self.batches.detach(entry.part)?;
+                        Some(DeviceEntry {
+                            params,
+                            input: entry.input,
+                            part,
+                        })
+                    })
+                    .collect();
+                if let Some(plane) = self.device.as_mut() {
+                    plane.perform(kind, response, entries, &self.timeline);
+                }
+            }
             (message, _) => {
                 let message = message.unwrap_or_default();
                 for (name, slot) in response.tensor_names.iter().zip(slots) {

@@ -1,7 +1,7 @@
 //! Allgather (fused through kolo-fusion), broadcast and alltoall.
 
 use super::device_of;
-use crate::background::{observer, take_input, to_usize, Engine};
+use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
 use crate::error::Error;
 use crate::handle::Payload;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems};
@@ -17,14 +17,16 @@ impl<B: Backend> Engine<B> {
         &mut self,
         response: &Response,
         mut slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
     ) {
         let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
+        let mut failed = Vec::new();
         let size = self.size;
         let mut inputs: Vec<Vec<T>> = Vec::with_capacity(names.len());
         let mut rows: Vec<usize> = Vec::with_capacity(names.len());
         let mut trailing: Vec<Vec<u64>> = Vec::with_capacity(names.len());
         for (i, (name, slot)) in names.iter().zip(&mut slots).enumerate() {
-            match slot.as_ref().map(|e| e.params.shape.to_vec()) {
+            match slot.as_ref().map(|e| params.shape(e)) {
                 Some(shape) => {
                     rows.push(row_elems(&shape));
                     trailing.push(shape.get(1..).unwrap_or_default().to_vec());
@@ -36,9 +38,10 @@ impl<B: Backend> Engine<B> {
                     trailing.push(vec![row as u64]);
                 }
             }
-            inputs.push(take_input::<T>(name, slot).unwrap_or_default());
+            inputs.push(take_input::<T>(name, slot, &mut failed).unwrap_or_default());
         }
-        let device = device_of(&slots);
+        self.batches.complete(failed);
+        let device = device_of(&slots, params);
         let input_views: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
         let result = kolo_fusion::fused_allgather(
             &mut self.backend,
@@ -75,20 +78,28 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Broadcasts each of the response's tensors from the root.
-    pub(crate) fn broadcast<T: Element>(&mut self, response: &Response, slots: Vec<Option<Entry>>) {
+    pub(crate) fn broadcast<T: Element>(
+        &mut self,
+        response: &Response,
+        slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
+    ) {
         let root = response.root_rank as usize;
         for (i, (name, mut slot)) in response.tensor_names.iter().zip(slots).enumerate() {
             let size = to_usize(response.tensor_sizes.get(i).copied().unwrap_or(0));
-            let mut buf =
-                take_input::<T>(name, &mut slot).unwrap_or_else(|| vec![T::default(); size]);
+            let mut failed = Vec::new();
+            let mut buf = take_input::<T>(name, &mut slot, &mut failed)
+                .unwrap_or_else(|| vec![T::default(); size]);
+            self.batches.complete(failed);
             let names = [name.as_str()];
             let mut observe = observer(&self.timeline, &names, activity::BROADCAST);
             observe(kolo_fusion::Phase::Collective, kolo_fusion::Edge::Start);
             let result = self.backend.broadcast(&mut buf, root);
             observe(kolo_fusion::Phase::Collective, kolo_fusion::Edge::End);
+            drop(observe);
             let shape = slot
                 .as_ref()
-                .map_or_else(|| vec![buf.len() as u64], |e| e.params.shape.to_vec());
+                .map_or_else(|| vec![buf.len() as u64], |e| params.shape(e));
             let outcome = result
                 .map(|()| Box::new(buf) as Payload)
                 .map_err(|e| Error::collective(name, e));
@@ -99,15 +110,22 @@ impl<B: Backend> Engine<B> {
     /// Exchanges each of the response's tensors: rank r's rows for rank p
     /// go to p; the output is what every peer sent, in peer order, with
     /// the received row counts.
-    pub(crate) fn alltoall<T: Element>(&mut self, response: &Response, slots: Vec<Option<Entry>>) {
+    pub(crate) fn alltoall<T: Element>(
+        &mut self,
+        response: &Response,
+        slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
+    ) {
         let (rank, size) = (self.rank, self.size);
         for (name, mut slot) in response.tensor_names.iter().zip(slots) {
             let shape = slot
                 .as_ref()
-                .map(|e| e.params.shape.to_vec())
+                .map(|e| params.shape(e))
                 .unwrap_or_default();
             let row = if slot.is_some() { row_elems(&shape) } else { 0 };
-            let send = take_input::<T>(name, &mut slot).unwrap_or_default();
+            let mut failed = Vec::new();
+            let send = take_input::<T>(name, &mut slot, &mut failed).unwrap_or_default();
+            self.batches.complete(failed);
             let names = [name.as_str()];
             let mut observe = observer(&self.timeline, &names, activity::ALLTOALL);
             let result = match alltoall_counts(&response.splits, size, rank, row) {
@@ -128,6 +146,7 @@ impl<B: Backend> Engine<B> {
                     done.map(|()| (recv, received))
                 }
             };
+            drop(observe);
             let received_rows: u64 = (0..size)
                 .filter_map(|p| response.splits.get(p * size + rank))
                 .sum();

@@ -12,15 +12,15 @@ mod reduce;
 
 use kolo_protocol::Device;
 
+use crate::background::ParamsOf;
 use crate::table::Entry;
 
 /// The device of this rank's tensors in a response (CPU for a rank that
 /// submitted none of them).
-fn device_of(slots: &[Option<Entry>]) -> Device {
+fn device_of(slots: &[Option<Entry>], params: ParamsOf<'_>) -> Device {
     slots
         .iter()
         .flatten()
-        .map(|e| e.params.device)
-        .next()
+        .find_map(|e| params.of(e).map(|p| p.device))
         .unwrap_or(Device::Cpu)
 }

@@ -1,9 +1,9 @@
 //! Allreduce and reduce-scatter, fused through kolo-fusion.
 
 use super::device_of;
-use crate::background::{observer, take_input, to_usize, Engine};
+use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
 use crate::error::Error;
-use crate::handle::{complete_all, Payload};
+use crate::handle::Payload;
 use crate::split::{row_elems, split_rows};
 use crate::table::{Entry, Input};
 use kolo_protocol::Response;
@@ -53,11 +53,13 @@ impl<B: Backend> Engine<B> {
         parts: &[&Response],
         names: &[&str],
         mut slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
     ) {
         let Some(&head) = parts.first() else {
             return;
         };
         let op = head.reduce_op;
+        let mut failed = Vec::new();
         let tensor_name = |i: usize| parts.get(i).map_or("", |r| first_name(r));
         let mut buffers: Vec<Buffer<T>> = Vec::with_capacity(slots.len());
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -72,11 +74,12 @@ impl<B: Backend> Engine<B> {
                 to_usize(r.tensor_sizes.first().copied().unwrap_or(0))
             });
             buffers.push(Buffer::Owned(
-                take_input::<T>(tensor_name(i), slot)
+                take_input::<T>(tensor_name(i), slot, &mut failed)
                     .unwrap_or_else(|| vec![T::identity(op); size]),
             ));
         }
-        let device = device_of(&slots);
+        self.batches.complete(failed);
+        let device = device_of(&slots, params);
         let mut views: Vec<&mut [T]> = Vec::with_capacity(slots.len());
         for (slot, buffer) in slots.iter_mut().zip(buffers.iter_mut()) {
             let view = match (buffer, slot.as_mut().map(|e| &mut e.input)) {
@@ -103,7 +106,7 @@ impl<B: Backend> Engine<B> {
             if timeline {
                 let shape = slot.as_ref().map_or_else(
                     || vec![parts[i].tensor_sizes.first().copied().unwrap_or(0)],
-                    |e| e.params.shape.to_vec(),
+                    |e| params.shape(e),
                 );
                 self.timeline
                     .op_end(tensor_name(i), head.dtype.name(), &shape);
@@ -118,7 +121,7 @@ impl<B: Backend> Engine<B> {
         }
         // The lent tensors' submissions count them in only now, after the
         // collective's last access to their memory.
-        complete_all(done);
+        self.batches.complete(done);
     }
 
     /// Reduce-scatters the response's tensors, fused: each rank keeps its
@@ -128,9 +131,11 @@ impl<B: Backend> Engine<B> {
         &mut self,
         response: &Response,
         mut slots: Vec<Option<Entry>>,
+        params: ParamsOf<'_>,
     ) {
         let op = response.reduce_op;
         let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
+        let mut failed = Vec::new();
         let mut inputs: Vec<Vec<T>> = Vec::with_capacity(names.len());
         let mut shapes: Vec<Vec<u64>> = Vec::with_capacity(names.len());
         let mut counts: Vec<Vec<usize>> = Vec::with_capacity(names.len());
@@ -138,9 +143,9 @@ impl<B: Backend> Engine<B> {
             let size = response.tensor_sizes.get(i).copied().unwrap_or(0);
             let shape = slot.as_ref().map_or_else(
                 || joined_shape(response, i, size),
-                |e| e.params.shape.to_vec(),
+                |e| params.shape(e),
             );
-            let input = take_input::<T>(name, slot)
+            let input = take_input::<T>(name, slot, &mut failed)
                 .unwrap_or_else(|| vec![T::identity(op); to_usize(size)]);
             let row = row_elems(&shape);
             let rows = shape.first().copied().map_or(0, to_usize);
@@ -157,7 +162,8 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|c| vec![T::default(); c.get(self.rank).copied().unwrap_or(0)])
             .collect();
-        let device = device_of(&slots);
+        self.batches.complete(failed);
+        let device = device_of(&slots, params);
         let input_views: Vec<&[T]> = inputs.iter().map(Vec::as_slice).collect();
         let mut output_views: Vec<&mut [T]> = outputs.iter_mut().map(Vec::as_mut_slice).collect();
         let result = kolo_fusion::fused_reduce_scatter(

@@ -1,0 +1,206 @@
+//! The submissions whose tensors the background thread holds.
+//!
+//! A submission (one call: a tensor or a group) has one [`Completion`],
+//! shared with its handle. The background thread keeps one reference per
+//! submission here and refers to each of its tensors by [`PartRef`] (the
+//! submission's key and the tensor's index): no reference count is touched
+//! per tensor, and completing a fused run of one submission's tensors
+//! takes its lock once. A submission whose tensors the engine drops
+//! unperformed (its thread unwinds) fails them when its record here is
+//! dropped, so no handle — and no scope waiting for lent memory — is left
+//! waiting.
+
+use crate::error::Error;
+use crate::handle::{Completion, Part, Payload};
+use std::sync::Arc;
+
+/// One tensor of a held submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PartRef {
+    batch: u32,
+    index: u32,
+}
+
+/// A submission and how many of its tensors are still the engine's to
+/// complete.
+struct Batch {
+    completion: Arc<Completion>,
+    open: usize,
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if self.open > 0 {
+            self.completion.fail_open(|tensor| Error::Collective {
+                tensor: tensor.to_owned(),
+                message: "internal: the engine dropped the tensor without performing it".into(),
+            });
+        }
+    }
+}
+
+/// The held submissions, by key.
+#[derive(Default)]
+pub(crate) struct Batches {
+    slots: Vec<Option<Batch>>,
+    free: Vec<u32>,
+}
+
+impl Batches {
+    /// Holds `completion`, whose `parts` tensors the engine now completes;
+    /// returns its key.
+    pub(crate) fn add(&mut self, completion: Arc<Completion>, parts: usize) -> u32 {
+        let batch = Some(Batch {
+            completion,
+            open: parts,
+        });
+        match self.free.pop() {
+            Some(key) => {
+                self.slots[key as usize] = batch;
+                key
+            }
+            None => {
+                self.slots.push(batch);
+                self.slots.len() as u32 - 1
+            }
+        }
+    }
+
+    /// Tensor `index` of the submission `key`.
+    pub(crate) fn part(key: u32, index: u32) -> PartRef {
+        PartRef { batch: key, index }
+    }
+
+    /// Completes every part with its result, one lock per run of
+    /// consecutive parts of one submission; a submission whose last part
+    /// is in is let go.
+    pub(crate) fn complete(
+        &mut self,
+        parts: impl IntoIterator<Item = (PartRef, Result<Payload, Error>)>,
+    ) {
+        let mut run: Vec<(u32, Result<Payload, Error>)> = Vec::new();
+        let mut current = None;
+        for (part, result) in parts {
+            if current.is_some_and(|key| key != part.batch) {
+                self.finish_run(current.take(), &mut run);
+            }
+            current = Some(part.batch);
+            run.push((part.index, result));
+        }
+        self.finish_run(current, &mut run);
+    }
+
+    /// Completes one run of parts of the submission `key`.
+    fn finish_run(&mut self, key: Option<u32>, run: &mut Vec<(u32, Result<Payload, Error>)>) {
+        let Some(key) = key else { return };
+        let count = run.len();
+        let Some(slot) = self.slots.get_mut(key as usize) else {
+            run.clear();
+            return;
+        };
+        if let Some(batch) = slot {
+            batch.completion.complete_parts(run.drain(..));
+            batch.open = batch.open.saturating_sub(count);
+            if batch.open == 0 {
+                *slot = None;
+                self.free.push(key);
+            }
+        }
+        run.clear();
+    }
+
+    /// Hands the obligation to complete `part` to whoever holds the
+    /// returned [`Part`] (a device plane completing from another thread).
+    pub(crate) fn detach(&mut self, part: PartRef) -> Option<Part> {
+        let slot = self.slots.get_mut(part.batch as usize)?;
+        let batch = slot.as_mut()?;
+        let detached = batch.completion.part(part.index as usize);
+        batch.open = batch.open.saturating_sub(1);
+        if batch.open == 0 {
+            *slot = None;
+            self.free.push(part.batch);
+        }
+        Some(detached)
+    }
+
+    /// Fails every tensor still held with `reason` and lets go of every
+    /// submission.
+    pub(crate) fn fail_all(&mut self, reason: &Error) {
+        for batch in self.slots.iter_mut().filter_map(Option::take) {
+            let mut batch = batch;
+            batch.completion.fail_open(|_| reason.clone());
+            batch.open = 0;
+        }
+        self.free.clear();
+        self.slots.clear();
+    }
+
+    /// Number of submissions held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::{Handle, TensorNames};
+
+    fn submission(n: usize) -> Arc<Completion> {
+        let mut names = TensorNames::with_capacity(n);
+        for i in 0..n {
+            names.push(&format!("t{i}"));
+        }
+        Completion::new(names, false, None)
+    }
+
+    fn outcome(completion: &Arc<Completion>) -> Result<(), Error> {
+        Handle::new(Arc::clone(completion), |_| Ok(())).wait()
+    }
+
+    #[test]
+    fn runs_complete_and_finished_submissions_are_let_go() {
+        let (a, b) = (submission(3), submission(1));
+        let mut batches = Batches::default();
+        let (ka, kb) = (batches.add(Arc::clone(&a), 3), batches.add(Arc::clone(&b), 1));
+        let ok = || Ok(Box::new(()) as Payload);
+        batches.complete([
+            (Batches::part(ka, 0), ok()),
+            (Batches::part(kb, 0), ok()),
+            (Batches::part(ka, 2), ok()),
+        ]);
+        assert_eq!(batches.len(), 1);
+        assert!(b.is_done() && !a.is_done());
+        let detached = batches.detach(Batches::part(ka, 1));
+        assert_eq!(batches.len(), 0);
+        assert!(!a.is_done());
+        if let Some(part) = detached {
+            part.complete(ok());
+        }
+        assert_eq!(outcome(&a), Ok(()));
+        // A freed key serves the next submission.
+        let c = submission(2);
+        assert!([ka, kb].contains(&batches.add(c, 2)));
+    }
+
+    #[test]
+    fn dropped_or_failed_submissions_fail_their_open_tensors() {
+        let (a, b) = (submission(2), submission(2));
+        let mut batches = Batches::default();
+        let ka = batches.add(Arc::clone(&a), 2);
+        batches.complete([(Batches::part(ka, 0), Ok(Box::new(()) as Payload))]);
+        batches.add(Arc::clone(&b), 2);
+        drop(batches);
+        match outcome(&a) {
+            Err(Error::Collective { tensor, .. }) => assert_eq!(tensor, "t1"),
+            other => panic!("{other:?}"),
+        }
+        let c = submission(1);
+        let mut batches = Batches::default();
+        batches.add(Arc::clone(&c), 1);
+        batches.fail_all(&Error::ShutDown { by_ranks: vec![1] });
+        assert_eq!(outcome(&c), Err(Error::ShutDown { by_ranks: vec![1] }));
+        assert!(b.is_done());
+    }
+}

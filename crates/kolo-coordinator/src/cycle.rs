@@ -372,14 +372,17 @@ impl Coordinator {
             r0.cache_stalls.clear();
             return;
         }
-        let waiting: Vec<(usize, String)> = bits
-            .hits_any
-            .iter()
-            // Both sorted: a linear `contains` made this quadratic in the
-            // number of tensors per cycle.
-            .filter(|s| agreed.binary_search(s).is_err() && bits.invalid.binary_search(s).is_err())
-            .filter_map(|&slot| self.cache.name(slot).map(|name| (slot, name.to_owned())))
-            .collect();
+        // Every agreed slot is a hit of some rank: with as many hits as
+        // agreed slots, nothing waits (the common case, checked without a
+        // pass over the slots).
+        let waiting: Vec<(usize, String)> = if bits.hits_any.len() == agreed.len() {
+            Vec::new()
+        } else {
+            sorted_difference(&bits.hits_any, agreed)
+                .filter(|s| bits.invalid.binary_search(s).is_err())
+                .filter_map(|slot| self.cache.name(slot).map(|name| (slot, name.to_owned())))
+                .collect()
+        };
         for stall in r0.cache_stalls.observe(&waiting, now, threshold) {
             tracing::debug!(
                 tensor = %stall.tensor,
@@ -415,6 +418,17 @@ impl Coordinator {
             );
         }
     }
+}
+
+/// The elements of `all` not in `some`, both ascending (one merge pass).
+fn sorted_difference<'a>(all: &'a [usize], some: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+    let mut rest = some.iter().peekable();
+    all.iter().copied().filter(move |&x| {
+        while rest.peek().is_some_and(|&&y| y < x) {
+            rest.next();
+        }
+        rest.peek() != Some(&&x)
+    })
 }
 
 /// Decodes the gathered request lists (one per rank).
@@ -478,4 +492,24 @@ fn cached_events(cache: &ResponseCache, cached: &[Hit]) -> Vec<NegotiationEvent>
         }
     }
     events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sorted_difference;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    proptest! {
+        #[test]
+        fn sorted_difference_is_the_set_difference(
+            all in prop::collection::btree_set(0usize..200, 0..60),
+            some in prop::collection::btree_set(0usize..200, 0..60),
+        ) {
+            let a: Vec<usize> = all.iter().copied().collect();
+            let b: Vec<usize> = some.iter().copied().collect();
+            let expected: Vec<usize> = all.difference(&some).copied().collect::<BTreeSet<_>>().into_iter().collect();
+            prop_assert_eq!(sorted_difference(&a, &b).collect::<Vec<_>>(), expected);
+        }
+    }
 }

@@ -373,7 +373,12 @@ fn ranks_choose_their_own_ids() {
             while got < names.len() {
                 assert!(outs.len() < 20, "rank {rank}: the step did not finish");
                 let mut out = coord
-                    .cycle(ctrl, std::mem::take(&mut submissions), false, Instant::now())
+                    .cycle(
+                        ctrl,
+                        std::mem::take(&mut submissions),
+                        false,
+                        Instant::now(),
+                    )
                     .unwrap();
                 // Hits come as cache slots, valid until the next cycle.
                 for hit in std::mem::take(&mut out.hits) {

@@ -5,17 +5,16 @@
 //! rank cycles right away), and an idle rank cycles anyway after the cycle
 //! time, so that peers' collectives complete and the stall inspector runs.
 
+use crate::batches::{Batches, PartRef};
 use crate::config::Config;
 use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
-use crate::batches::{Batches, PartRef};
 use crate::table::{Entry, Input, Taken};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
-    Agreed, Coordinator, CoordinatorError, CycleOutput, Hit, NegotiationEvent, Submission,
-    TensorId,
+    Agreed, Coordinator, CoordinatorError, CycleOutput, Hit, NegotiationEvent, Submission, TensorId,
 };
 use kolo_fusion::{Edge, FusionBuffers, Phase};
 use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
@@ -350,7 +349,10 @@ impl<B: Backend> Engine<B> {
             if self.held.len() <= id.index() {
                 self.held.resize_with(id.index() + 1, || None);
             }
-            let part = Batches::part(keys.get(q.batch as usize).copied().unwrap_or(u32::MAX), q.index);
+            let part = Batches::part(
+                keys.get(q.batch as usize).copied().unwrap_or(u32::MAX),
+                q.index,
+            );
             // The table refuses a name in flight, so the place is free; if
             // not (a kolo bug), the one replaced fails when its submission
             // is dropped.
@@ -559,7 +561,10 @@ impl<B: Backend> Engine<B> {
         for (name, slot) in response.tensor_names.iter().zip(slots) {
             tracing::debug!(rank = self.rank, tensor = %name, message = %response.error_message, "tensor failed");
             if let Some(entry) = slot {
-                done.push((entry.part, Err(Error::from_response(name, &response.error_message))));
+                done.push((
+                    entry.part,
+                    Err(Error::from_response(name, &response.error_message)),
+                ));
             }
         }
         self.batches.complete(done);

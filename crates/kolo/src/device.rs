@@ -66,6 +66,7 @@ pub(crate) fn refusal(response: &Response, has_plane: bool) -> Option<String> {
 /// One tensor as a device plane performs it: this rank's parameters and
 /// input, and its handle's part, which the plane completes (from any
 /// thread) once the device work is done.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
 pub(crate) struct DeviceEntry {
     pub params: Params,
     pub input: Input,

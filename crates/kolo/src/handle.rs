@@ -170,11 +170,28 @@ impl Completion {
 
     /// Completes the parts `index` of this submission with their results
     /// (a part already in keeps its first result).
-    pub(crate) fn complete_parts(&self, parts: impl IntoIterator<Item = (u32, Result<Payload, Error>)>) {
+    pub(crate) fn complete_parts(
+        &self,
+        parts: impl IntoIterator<Item = (u32, Result<Payload, Error>)>,
+    ) {
         let mut state = self.state.lock();
         for (index, result) in parts {
             Completion::record(&mut state, index, result);
         }
+        self.finish(&mut state);
+    }
+
+    /// Completes the parts `indices` successfully with no output (lent
+    /// tensors): one lock, no result per part.
+    pub(crate) fn complete_ok(&self, indices: impl IntoIterator<Item = u32>) {
+        let mut state = self.state.lock();
+        let mut counted = 0;
+        for index in indices {
+            if let Some(done) = state.done.get_mut(index as usize) {
+                counted += usize::from(!std::mem::replace(done, true));
+            }
+        }
+        state.remaining = state.remaining.saturating_sub(counted);
         self.finish(&mut state);
     }
 

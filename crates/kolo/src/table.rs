@@ -213,7 +213,9 @@ impl Table {
         }
         let wake = self.queue.tensors.is_empty();
         let batch = self.queue.batches.len() as u32;
-        self.queue.batches.push((Arc::clone(completion), items.len()));
+        self.queue
+            .batches
+            .push((Arc::clone(completion), items.len()));
         self.live.push((seq, Arc::clone(completion)));
         self.queue.tensors.reserve(items.len());
         for (index, (item, id)) in items.into_iter().zip(ids).enumerate() {
@@ -316,8 +318,8 @@ impl Table {
 mod tests {
     use super::*;
     use crate::handle::TensorNames;
-    use kolo_protocol::{DataType, RequestKind};
     use kolo_protocol::Shape;
+    use kolo_protocol::{DataType, RequestKind};
     use std::collections::HashMap;
 
     fn template() -> Params {

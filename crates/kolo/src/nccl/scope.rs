@@ -414,11 +414,15 @@ impl<'scope> DeviceScope<'scope, '_> {
         let Some(template) = items.first().map(|item| item.params.clone()) else {
             return Err(internal("", "a device submission without tensors"));
         };
-        if let Some(odd) = items
-            .iter()
-            .find(|item| !item.params.same_as_with_shape(&template, &item.params.shape))
-        {
-            return Err(internal(&odd.name, "the tensors of one submission differ in more than shape"));
+        if let Some(odd) = items.iter().find(|item| {
+            !item
+                .params
+                .same_as_with_shape(&template, &item.params.shape)
+        }) {
+            return Err(internal(
+                &odd.name,
+                "the tensors of one submission differ in more than shape",
+            ));
         }
         let mut group = Group::new(template, items.len(), true, None);
         for (mut item, name) in items.into_iter().zip(&names) {

@@ -27,9 +27,10 @@ impl<B: Backend> Engine<B> {
                     .into_iter()
                     .map(|slot| {
                         let entry = slot?;
-                        let params = params.of(&entry).cloned().unwrap_or_else(|| {
-                            Params::new(RequestKind::Barrier, DataType::U8, [])
-                        });
+                        let params = params
+                            .of(&entry)
+                            .cloned()
+                            .unwrap_or_else(|| Params::new(RequestKind::Barrier, DataType::U8, []));
                         let part = self.batches.detach(entry.part)?;
                         Some(DeviceEntry {
                             params,

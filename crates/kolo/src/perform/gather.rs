@@ -118,10 +118,7 @@ impl<B: Backend> Engine<B> {
     ) {
         let (rank, size) = (self.rank, self.size);
         for (name, mut slot) in response.tensor_names.iter().zip(slots) {
-            let shape = slot
-                .as_ref()
-                .map(|e| params.shape(e))
-                .unwrap_or_default();
+            let shape = slot.as_ref().map(|e| params.shape(e)).unwrap_or_default();
             let row = if slot.is_some() { row_elems(&shape) } else { 0 };
             let mut failed = Vec::new();
             let send = take_input::<T>(name, &mut slot, &mut failed).unwrap_or_default();

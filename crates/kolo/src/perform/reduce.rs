@@ -100,10 +100,8 @@ impl<B: Backend> Engine<B> {
             &mut observer(&self.timeline, names, activity::ALLREDUCE),
         );
         drop(views);
-        let timeline = self.timeline.is_enabled();
-        let mut done = Vec::with_capacity(slots.len());
-        for (i, (slot, buffer)) in slots.into_iter().zip(buffers).enumerate() {
-            if timeline {
+        if self.timeline.is_enabled() {
+            for (i, slot) in slots.iter().enumerate() {
                 let shape = slot.as_ref().map_or_else(
                     || vec![parts[i].tensor_sizes.first().copied().unwrap_or(0)],
                     |e| params.shape(e),
@@ -111,16 +109,25 @@ impl<B: Backend> Engine<B> {
                 self.timeline
                     .op_end(tensor_name(i), head.dtype.name(), &shape);
             }
+        }
+        let mut lent_ok = Vec::with_capacity(slots.len());
+        let mut done = Vec::new();
+        for (i, (slot, buffer)) in slots.into_iter().zip(buffers).enumerate() {
             let Some(entry) = slot else { continue };
-            let outcome = match (&result, buffer) {
-                (Ok(()), Buffer::Owned(data)) => Ok(Box::new(data) as Payload),
-                (Ok(()), Buffer::Lent) => Ok(Box::new(()) as Payload),
-                (Err(e), _) => Err(Error::collective(tensor_name(i), e.clone())),
-            };
-            done.push((entry.part, outcome));
+            match (&result, buffer) {
+                (Ok(()), Buffer::Lent) => lent_ok.push(entry.part),
+                (Ok(()), Buffer::Owned(data)) => {
+                    done.push((entry.part, Ok(Box::new(data) as Payload)))
+                }
+                (Err(e), _) => done.push((
+                    entry.part,
+                    Err(Error::collective(tensor_name(i), e.clone())),
+                )),
+            }
         }
         // The lent tensors' submissions count them in only now, after the
         // collective's last access to their memory.
+        self.batches.complete_ok(&lent_ok);
         self.batches.complete(done);
     }
 
@@ -141,10 +148,9 @@ impl<B: Backend> Engine<B> {
         let mut counts: Vec<Vec<usize>> = Vec::with_capacity(names.len());
         for (i, (name, slot)) in names.iter().zip(&mut slots).enumerate() {
             let size = response.tensor_sizes.get(i).copied().unwrap_or(0);
-            let shape = slot.as_ref().map_or_else(
-                || joined_shape(response, i, size),
-                |e| params.shape(e),
-            );
+            let shape = slot
+                .as_ref()
+                .map_or_else(|| joined_shape(response, i, size), |e| params.shape(e));
             let input = take_input::<T>(name, slot, &mut failed)
                 .unwrap_or_else(|| vec![T::identity(op); to_usize(size)]);
             let row = row_elems(&shape);

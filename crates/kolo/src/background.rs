@@ -64,19 +64,14 @@ pub(crate) struct Engine<B> {
     pub(crate) shared: Arc<Shared>,
     /// The GPU data plane, serving responses on device tensors.
     pub(crate) device: Option<Box<dyn DevicePlane>>,
-    /// The tensors taken from the table's queue and not performed yet, by
-    /// id.
-    held: Vec<Option<Held>>,
+    /// Where each tensor taken from the table's queue and not performed
+    /// yet is: its submission and part, by id (the inputs are with the
+    /// submissions).
+    held: Vec<Option<PartRef>>,
     /// Their submissions.
     pub(crate) batches: Batches,
     /// The last cycle's fusion plan, for a cycle that repeats it.
     plan: PlanMemo,
-}
-
-/// One tensor the engine holds: its input and where its result goes.
-struct Held {
-    input: Input,
-    part: PartRef,
 }
 
 /// One response of a cycle as the engine performs it: the response (rank
@@ -336,31 +331,29 @@ impl<B: Backend> Background<B> {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Holds the tensors taken from the table and returns their requests.
+    /// Holds the submissions taken from the table and returns their
+    /// requests, in order.
     fn hold(&mut self, taken: Taken) -> Vec<Submission> {
-        let keys: Vec<u32> = taken
-            .batches
-            .into_iter()
-            .map(|(completion, parts)| self.batches.add(completion, parts))
-            .collect();
-        let mut requests = Vec::with_capacity(taken.tensors.len());
-        for q in taken.tensors {
-            let id = q.submission.id;
-            if self.held.len() <= id.index() {
-                self.held.resize_with(id.index() + 1, || None);
+        let tensors = taken.submissions.iter().map(|q| q.ids.len()).sum();
+        let mut requests = Vec::with_capacity(tensors);
+        for mut q in taken.submissions {
+            let n = q.ids.len();
+            for index in 0..n {
+                requests.push(q.submission(index));
             }
-            let part = Batches::part(
-                keys.get(q.batch as usize).copied().unwrap_or(u32::MAX),
-                q.index,
-            );
-            // The table refuses a name in flight, so the place is free; if
-            // not (a kolo bug), the one replaced fails when its submission
-            // is dropped.
-            self.held[id.index()] = Some(Held {
-                input: q.input,
-                part,
-            });
-            requests.push(q.submission);
+            let ids = Arc::clone(&q.ids);
+            let key = self.batches.add(q.completion, n, q.inputs);
+            if let Some(max) = ids.iter().map(|id| id.index()).max() {
+                if self.held.len() <= max {
+                    self.held.resize(max + 1, None);
+                }
+            }
+            for (index, id) in ids.iter().enumerate() {
+                // The table refuses a name in flight, so the place is free;
+                // if not (a kolo bug), the part replaced fails when its
+                // submission is dropped.
+                self.held[id.index()] = Some(Batches::part(key, index as u32));
+            }
         }
         requests
     }
@@ -471,11 +464,11 @@ impl<B: Backend> Engine<B> {
 
     /// The tensor `id` this rank holds.
     fn take_entry(&mut self, id: TensorId) -> Option<Entry> {
-        let held = self.held.get_mut(id.index())?.take()?;
+        let part = self.held.get_mut(id.index())?.take()?;
         Some(Entry {
             id,
-            input: held.input,
-            part: held.part,
+            input: self.batches.take_input(part),
+            part,
         })
     }
 

@@ -11,7 +11,9 @@
 //! waiting.
 
 use crate::error::Error;
+use crate::group::Inputs;
 use crate::handle::{Completion, Part, Payload};
+use crate::table::Input;
 use std::sync::Arc;
 
 /// One tensor of a held submission.
@@ -21,10 +23,11 @@ pub(crate) struct PartRef {
     index: u32,
 }
 
-/// A submission and how many of its tensors are still the engine's to
-/// complete.
+/// A submission, its tensors' inputs, and how many of its tensors are
+/// still the engine's to complete.
 struct Batch {
     completion: Arc<Completion>,
+    inputs: Inputs,
     open: usize,
 }
 
@@ -47,11 +50,12 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    /// Holds `completion`, whose `parts` tensors the engine now completes;
-    /// returns its key.
-    pub(crate) fn add(&mut self, completion: Arc<Completion>, parts: usize) -> u32 {
+    /// Holds `completion`, whose `parts` tensors (with `inputs`) the
+    /// engine now completes; returns its key.
+    pub(crate) fn add(&mut self, completion: Arc<Completion>, parts: usize, inputs: Inputs) -> u32 {
         let batch = Some(Batch {
             completion,
+            inputs,
             open: parts,
         });
         match self.free.pop() {
@@ -69,6 +73,14 @@ impl Batches {
     /// Tensor `index` of the submission `key`.
     pub(crate) fn part(key: u32, index: u32) -> PartRef {
         PartRef { batch: key, index }
+    }
+
+    /// Takes `part`'s input (nothing if taken before or unknown).
+    pub(crate) fn take_input(&mut self, part: PartRef) -> Input {
+        match self.slots.get_mut(part.batch as usize) {
+            Some(Some(batch)) => batch.inputs.take(part.index as usize),
+            _ => Input::None,
+        }
     }
 
     /// Completes every part with its result, one lock per run of
@@ -177,7 +189,11 @@ mod tests {
         for i in 0..n {
             names.push(&format!("t{i}"));
         }
-        Completion::new(names, false, None)
+        Completion::new(Arc::new(names), false, None)
+    }
+
+    fn none(n: usize) -> Inputs {
+        Inputs::Each((0..n).map(|_| Input::None).collect())
     }
 
     fn outcome(completion: &Arc<Completion>) -> Result<(), Error> {
@@ -189,8 +205,8 @@ mod tests {
         let (a, b) = (submission(3), submission(1));
         let mut batches = Batches::default();
         let (ka, kb) = (
-            batches.add(Arc::clone(&a), 3),
-            batches.add(Arc::clone(&b), 1),
+            batches.add(Arc::clone(&a), 3, none(3)),
+            batches.add(Arc::clone(&b), 1, none(1)),
         );
         let ok = || Ok(Box::new(()) as Payload);
         batches.complete([(Batches::part(ka, 0), ok())]);
@@ -206,16 +222,16 @@ mod tests {
         assert_eq!(outcome(&a), Ok(()));
         // A freed key serves the next submission.
         let c = submission(2);
-        assert!([ka, kb].contains(&batches.add(c, 2)));
+        assert!([ka, kb].contains(&batches.add(c, 2, none(2))));
     }
 
     #[test]
     fn dropped_or_failed_submissions_fail_their_open_tensors() {
         let (a, b) = (submission(2), submission(2));
         let mut batches = Batches::default();
-        let ka = batches.add(Arc::clone(&a), 2);
+        let ka = batches.add(Arc::clone(&a), 2, none(2));
         batches.complete([(Batches::part(ka, 0), Ok(Box::new(()) as Payload))]);
-        batches.add(Arc::clone(&b), 2);
+        batches.add(Arc::clone(&b), 2, none(2));
         drop(batches);
         match outcome(&a) {
             Err(Error::Collective { tensor, .. }) => assert_eq!(tensor, "t1"),
@@ -223,7 +239,7 @@ mod tests {
         }
         let c = submission(1);
         let mut batches = Batches::default();
-        batches.add(Arc::clone(&c), 1);
+        batches.add(Arc::clone(&c), 1, none(1));
         batches.fail_all(&Error::ShutDown { by_ranks: vec![1] });
         assert_eq!(outcome(&c), Err(Error::ShutDown { by_ranks: vec![1] }));
         assert!(b.is_done());

@@ -7,12 +7,12 @@ use crate::background::{self, Command};
 use crate::config::Config;
 use crate::device::DevicePlane;
 use crate::error::Error;
-use crate::handle::{Completion, TensorNames};
-use crate::lease::Lease;
+use crate::group::Group;
+use crate::handle::Completion;
 use crate::stats::Stats;
-use crate::table::{Input, Item, Table};
+use crate::table::{Input, Table};
 use crossbeam_channel::Sender;
-use kolo_protocol::{Params, Shape};
+use kolo_protocol::Params;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use parking_lot::Mutex;
@@ -29,43 +29,6 @@ type Topology = (usize, usize, Option<usize>);
 pub(crate) struct Shared {
     pub table: Mutex<Table>,
     pub stats: Mutex<Stats>,
-}
-
-/// The tensors of one submission, gathered before they enter the table:
-/// one set of parameters (the template's) for all, each with its shape.
-pub(crate) struct Group<'n> {
-    template: Params,
-    items: Vec<Item<'n>>,
-    names: TensorNames,
-    /// The handle gets each tensor's output.
-    payloads: bool,
-    /// Released once every tensor is done (a scope's claim on lent memory).
-    lease: Option<Lease>,
-}
-
-impl<'n> Group<'n> {
-    /// An empty submission of tensors with the parameters `template` (its
-    /// shape is ignored) with room for `capacity` tensors.
-    pub(crate) fn new(
-        template: Params,
-        capacity: usize,
-        payloads: bool,
-        lease: Option<Lease>,
-    ) -> Self {
-        Group {
-            template,
-            items: Vec::with_capacity(capacity),
-            names: TensorNames::with_capacity(capacity),
-            payloads,
-            lease,
-        }
-    }
-
-    /// Adds a tensor of `shape`.
-    pub(crate) fn push(&mut self, name: &'n str, shape: Shape, input: Input) {
-        self.names.push(name);
-        self.items.push(Item { name, shape, input });
-    }
 }
 
 /// One rank's entry point: submits collectives to the background engine.
@@ -281,7 +244,7 @@ impl Kolo {
     ) -> Result<Arc<Completion>, Error> {
         let shape = params.shape.clone();
         let mut group = Group::new(params, 1, true, None);
-        group.push(name, shape, input);
+        group.push(name, &shape, input);
         self.submit(group)
     }
 
@@ -289,36 +252,16 @@ impl Kolo {
     /// so they can fuse); all or none are accepted. Returns the
     /// submission's completion.
     pub(crate) fn submit(&self, group: Group<'_>) -> Result<Arc<Completion>, Error> {
-        let Group {
-            template,
-            items,
-            names,
-            payloads,
-            lease,
-        } = group;
-        let completion = Completion::new(names, payloads, lease);
-        if items.is_empty() {
-            return Ok(completion);
+        if group.len() == 0 {
+            return Ok(Completion::new(Arc::default(), group.payloads, group.lease));
         }
-        let inserted = self
-            .shared
-            .table
-            .lock()
-            .insert(&template, items, &completion);
-        match inserted {
-            Ok(wake) => {
-                if wake {
-                    // If the engine stopped since, it closed the table and
-                    // failed these entries already: the handle reports why.
-                    let _ = self.commands.send(Command::Wake);
-                }
-                Ok(completion)
-            }
-            Err(e) => {
-                completion.abandon();
-                Err(e)
-            }
+        let (completion, wake) = self.shared.table.lock().insert(group)?;
+        if wake {
+            // If the engine stopped since, it closed the table and failed
+            // these entries already: the handle reports why.
+            let _ = self.commands.send(Command::Wake);
         }
+        Ok(completion)
     }
 
     /// The next name of an internal barrier (the same sequence on every

@@ -38,7 +38,7 @@ pub(crate) type Payload = Box<dyn Any + Send>;
 /// Where the engine leaves the results of one submission's tensors.
 pub(crate) struct Completion {
     /// The submission's tensors, in part order.
-    names: TensorNames,
+    names: Arc<TensorNames>,
     state: Mutex<State>,
     done: Condvar,
     /// Set (after `state`) once every part is in: lets waiters poll
@@ -73,7 +73,11 @@ impl Completion {
     /// A submission of the tensors `names` (one part each), pending;
     /// `payloads` says whether the parts deliver outputs. `lease` is
     /// released once every part is in (at once for no parts).
-    pub(crate) fn new(names: TensorNames, payloads: bool, lease: Option<Lease>) -> Arc<Completion> {
+    pub(crate) fn new(
+        names: Arc<TensorNames>,
+        payloads: bool,
+        lease: Option<Lease>,
+    ) -> Arc<Completion> {
         let parts = names.len();
         let completion = Arc::new(Completion {
             names,
@@ -99,14 +103,6 @@ impl Completion {
         completion
     }
 
-    /// Gives up a submission that never reached the engine: no part will
-    /// complete; the lease is released now.
-    pub(crate) fn abandon(&self) {
-        let mut state = self.state.lock();
-        state.remaining = 0;
-        drop(state.lease.take());
-    }
-
     /// The part `index` of this submission, for the engine.
     pub(crate) fn part(self: &Arc<Self>, index: usize) -> Part {
         Part {
@@ -116,7 +112,7 @@ impl Completion {
     }
 
     /// The names of the submission's tensors.
-    pub(crate) fn names(&self) -> &TensorNames {
+    pub(crate) fn names(&self) -> &Arc<TensorNames> {
         &self.names
     }
 
@@ -340,6 +336,22 @@ impl TensorNames {
     pub(crate) fn len(&self) -> usize {
         self.ends.len()
     }
+
+    /// True when these are exactly `names`, in order.
+    pub(crate) fn matches(&self, names: &[&str]) -> bool {
+        if names.len() != self.ends.len() {
+            return false;
+        }
+        let mut start = 0usize;
+        for (name, &end) in names.iter().zip(&self.ends) {
+            let end = end as usize;
+            if self.text.as_bytes().get(start..end) != Some(name.as_bytes()) {
+                return false;
+            }
+            start = end;
+        }
+        true
+    }
 }
 
 /// Turns the payloads of every tensor of a handle into its output (copying
@@ -452,12 +464,21 @@ impl<O> std::fmt::Debug for Handle<'_, O> {
 mod tests {
     use super::*;
 
-    fn names(n: usize) -> TensorNames {
+    fn names(n: usize) -> Arc<TensorNames> {
         let mut names = TensorNames::with_capacity(n);
         for i in 0..n {
             names.push(&format!("t{i}"));
         }
-        names
+        assert!(names.matches(
+            &(0..n)
+                .map(|i| format!("t{i}"))
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        ));
+        assert!(n == 0 || !names.matches(&["x"; 1]));
+        Arc::new(names)
     }
 
     fn handle_of(completion: &Arc<Completion>) -> Handle<'static, usize> {
@@ -512,7 +533,7 @@ mod tests {
         assert!(c.is_done());
         leases.wait_all();
         let d = Completion::new(names(1), false, Some(leases.lease()));
-        d.abandon();
+        d.fail_open(|_| Error::ShutDown { by_ranks: vec![0] });
         leases.wait_all();
     }
 

@@ -40,6 +40,7 @@ pub mod config;
 mod device;
 mod engine;
 mod error;
+mod group;
 mod handle;
 mod lease;
 mod logging;

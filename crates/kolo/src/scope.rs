@@ -11,8 +11,9 @@
 //! The blocking [`Kolo::allreduce`] and [`Kolo::grouped_allreduce`] run in
 //! a scope of their own.
 
-use crate::engine::{Group, Kolo};
+use crate::engine::Kolo;
 use crate::error::Error;
+use crate::group::Group;
 use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
@@ -56,12 +57,28 @@ unsafe impl Send for Lent {}
 
 impl Lent {
     /// Lends `data`.
-    fn new<T: Element>(data: &mut [T]) -> Self {
+    pub(crate) fn new<T: Element>(data: &mut [T]) -> Self {
         Lent {
             len: data.len(),
             ptr: NonNull::from(data).cast(),
             element: TypeId::of::<T>(),
         }
+    }
+
+    /// The view's address, length and element type, to keep elsewhere.
+    pub(crate) fn parts(&self) -> (NonNull<u8>, usize, TypeId) {
+        (self.ptr, self.len, self.element)
+    }
+
+    /// A view rebuilt from [`Lent::parts`].
+    ///
+    /// # Safety
+    ///
+    /// The parts come from [`Lent::parts`] of a view whose submission's
+    /// lease is still out (or `len` is 0 with the original address), and
+    /// no other view rebuilt from them is used while this one lives.
+    pub(crate) unsafe fn from_parts(ptr: NonNull<u8>, len: usize, element: TypeId) -> Self {
+        Lent { ptr, len, element }
     }
 
     /// True when the lent elements are `T`s.
@@ -153,7 +170,7 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            group.push(name, wire_shape(&shape), Input::Lent(Lent::new(data)));
+            group.push(name, &wire_shape(&shape), Input::Lent(Lent::new(data)));
         }
         let completion = kolo.submit(group)?;
         Ok(Handle::new(completion, |_| Ok(())))

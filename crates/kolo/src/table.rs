@@ -4,32 +4,34 @@
 //! submitted (one hash of the name), and from then on the engine works by
 //! id: the coordinator negotiates by id, and a repeated training step
 //! touches no name and allocates nothing per tensor. A group submitted
-//! again with the same names finds its ids without hashing them (the
-//! table remembers its last few groups). Ids of names not seen for a while
-//! are reclaimed (see [`Table::reclaim`]), so that a job that makes up new
+//! again with the same names (a training step's gradients) is recognised
+//! as a whole: the table remembers its last few groups with their ids,
+//! shapes and parameters, so that repeating one costs a comparison of the
+//! names and shapes and a pass over the ids, and it travels to the
+//! background thread as a repeat. Ids of names not seen for a while are
+//! reclaimed (see [`Table::reclaim`]), so that a job that makes up new
 //! names (barriers, joins, unnamed tensors) does not grow the table
 //! without bound.
 //!
 //! The table is the submitters' side: the background thread only takes
-//! the queue (each tensor's request and input, handed over together, and
-//! one reference per submission) and keeps the tensors it performs on its
-//! own side, so that the two threads never write the same memory per
-//! tensor (each such line would cross between the cores twice per step).
-//! Whether a name is still in flight is read from its last submission's
-//! completion.
+//! the queue (one record per submission) and keeps the tensors it performs
+//! on its own side, so that the two threads never write the same memory
+//! per tensor (each such line would cross between the cores twice per
+//! step). Whether a name is still in flight is read from its last
+//! submission's completion.
 
 use crate::error::Error;
-use crate::handle::{Completion, Payload};
+use crate::group::{Group, Inputs, Shapes};
+use crate::handle::{Completion, Payload, TensorNames};
 use kolo_coordinator::{Submission, TensorId};
-use kolo_protocol::{Params, Shape};
+use kolo_protocol::Params;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// Below this many names the table never reclaims ids.
 const RECLAIM_FLOOR: usize = 4096;
 
-/// Groups of at least this many tensors are remembered (their ids found
-/// again without hashing the names).
+/// Groups of at least this many tensors are remembered.
 const MEMO_MIN_TENSORS: usize = 8;
 
 /// How many groups are remembered.
@@ -57,30 +59,42 @@ pub(crate) struct Entry {
     pub part: crate::batches::PartRef,
 }
 
-/// One tensor of a submission, before it enters the table: its name, its
-/// shape (the rest of its parameters are the submission's) and its input.
-pub(crate) struct Item<'n> {
-    pub name: &'n str,
-    pub shape: Shape,
-    pub input: Input,
+/// The requests of a queued submission.
+pub(crate) enum Requests {
+    /// Every tensor repeats its last parameters.
+    Repeat,
+    /// Tensor by tensor (`None`: a repeat).
+    Each(Vec<Option<Box<Params>>>),
 }
 
-/// One tensor of the queue: its request, its input, and which queued
-/// submission (index into the queue's submissions) and part it is.
+/// One queued submission.
 pub(crate) struct Queued {
-    pub submission: Submission,
-    pub input: Input,
-    pub batch: u32,
-    pub index: u32,
+    pub completion: Arc<Completion>,
+    /// The tensors, in part order.
+    pub ids: Arc<[TensorId]>,
+    pub requests: Requests,
+    pub inputs: Inputs,
+}
+
+impl Queued {
+    /// The request of tensor `index`.
+    pub(crate) fn submission(&mut self, index: usize) -> Submission {
+        let id = self.ids[index];
+        match &mut self.requests {
+            Requests::Repeat => Submission::repeat(id),
+            Requests::Each(each) => Submission {
+                id,
+                params: each.get_mut(index).and_then(Option::take),
+            },
+        }
+    }
 }
 
 /// What the background thread takes from the table.
 #[derive(Default)]
 pub(crate) struct Taken {
-    /// The tensors, in submission order.
-    pub tensors: Vec<Queued>,
-    /// The submissions they belong to, with their number of tensors.
-    pub batches: Vec<(Arc<Completion>, usize)>,
+    /// The submissions, in order.
+    pub submissions: Vec<Queued>,
     /// Ids named since the last take (to register before the requests).
     pub named: Vec<(TensorId, Arc<str>)>,
 }
@@ -96,15 +110,19 @@ struct Slot {
     /// The parameters the name was last submitted with (the coordinator
     /// has them too: a repeat is queued without them).
     last: Option<Params>,
-    /// The submission that last used the name (a name twice in one
+    /// The submission that last checked the name (a name twice in one
     /// submission is refused).
     mark: u64,
 }
 
-/// A group of names submitted before, and their ids.
+/// A group submitted before: its names, ids, shapes and parameters, and
+/// its last submission.
 struct Memo {
-    names: crate::handle::TensorNames,
-    ids: Vec<TensorId>,
+    names: Arc<TensorNames>,
+    ids: Arc<[TensorId]>,
+    shapes: Shapes,
+    template: Params,
+    last: u64,
 }
 
 /// The entries in flight, the requests the background thread has not
@@ -153,25 +171,6 @@ impl Table {
         id
     }
 
-    /// The ids of `names`: remembered for a group seen before, else
-    /// interned one by one (and remembered if the group is large).
-    fn ids_of(&mut self, names: &crate::handle::TensorNames) -> Vec<TensorId> {
-        if let Some(memo) = self.memos.iter().find(|m| m.names == *names) {
-            return memo.ids.clone();
-        }
-        let ids: Vec<TensorId> = names.iter().map(|name| self.intern(name)).collect();
-        if ids.len() >= MEMO_MIN_TENSORS {
-            if self.memos.len() == MEMO_GROUPS {
-                self.memos.remove(0);
-            }
-            self.memos.push(Memo {
-                names: names.clone(),
-                ids: ids.clone(),
-            });
-        }
-        ids
-    }
-
     /// True while the tensor of `flight` (a submission and a part of it)
     /// is not in.
     fn flying(live: &[(u64, Arc<Completion>)], flight: Option<(u64, u32)>) -> bool {
@@ -184,70 +183,168 @@ impl Table {
         }
     }
 
-    /// Adds every item of one submission — `completion`'s parts, in order,
-    /// all with the parameters `template` but for their shapes — or none:
-    /// fails if the engine stopped or a name is in flight (or given
-    /// twice). Queues the requests for the background thread; returns
-    /// whether the queue was empty, i.e. whether the thread needs waking.
-    pub(crate) fn insert(
-        &mut self,
-        template: &Params,
-        items: Vec<Item<'_>>,
-        completion: &Arc<Completion>,
-    ) -> Result<bool, Error> {
+    /// Adds every tensor of `group` (one part each of the submission's
+    /// completion, which this returns), or none: fails if the engine
+    /// stopped or a name is in flight (or given twice). Queues the
+    /// submission for the background thread; also returns whether the
+    /// queue was empty, i.e. whether the thread needs waking.
+    pub(crate) fn insert(&mut self, group: Group<'_>) -> Result<(Arc<Completion>, bool), Error> {
         if let Some(reason) = &self.closed {
             return Err(reason.clone());
         }
         self.submissions += 1;
         let seq = self.submissions;
         self.live.retain(|(_, c)| !c.is_done());
-        let ids = self.ids_of(completion.names());
-        for (item, &id) in items.iter().zip(&ids) {
+        let memo = self
+            .memos
+            .iter()
+            .position(|m| m.names.matches(&group.names));
+        let (ids, names, repeat) = match memo {
+            Some(at) => self.insert_remembered(at, &group, seq)?,
+            None => self.insert_new(&group, seq)?,
+        };
+        let Group {
+            template,
+            shapes,
+            inputs,
+            payloads,
+            lease,
+            ..
+        } = group;
+        let completion = Completion::new(names, payloads, lease);
+        let requests = if repeat {
+            Requests::Repeat
+        } else {
+            let mut each = Vec::with_capacity(ids.len());
+            for (index, &id) in ids.iter().enumerate() {
+                let slot = &mut self.slots[id.index()];
+                let shape = shapes.get(index);
+                let same = slot
+                    .last
+                    .as_ref()
+                    .is_some_and(|last| last.same_as_with_shape(&template, shape));
+                each.push(if same {
+                    None
+                } else {
+                    let params = Params {
+                        shape: shape.into(),
+                        ..template.clone()
+                    };
+                    slot.last = Some(params.clone());
+                    Some(Box::new(params))
+                });
+            }
+            if ids.len() >= MEMO_MIN_TENSORS {
+                self.remember(&ids, completion.names(), shapes, template, seq);
+            }
+            Requests::Each(each)
+        };
+        for (index, &id) in ids.iter().enumerate() {
+            self.slots[id.index()].flight = Some((seq, index as u32));
+        }
+        let wake = self.queue.submissions.is_empty();
+        self.live.push((seq, Arc::clone(&completion)));
+        self.queue.submissions.push(Queued {
+            completion: Arc::clone(&completion),
+            ids,
+            requests,
+            inputs,
+        });
+        Ok((completion, wake))
+    }
+
+    /// Checks a group remembered in `memos[at]`: its ids, and whether all
+    /// of it repeats the last submission (same shapes and parameters).
+    fn insert_remembered(
+        &mut self,
+        at: usize,
+        group: &Group<'_>,
+        seq: u64,
+    ) -> Result<(Arc<[TensorId]>, Arc<TensorNames>, bool), Error> {
+        let memo = &self.memos[at];
+        let (ids, names) = (Arc::clone(&memo.ids), Arc::clone(&memo.names));
+        // The usual case: every name's last submission was this group's
+        // last one, which is done.
+        let last_done = self
+            .live
+            .binary_search_by_key(&memo.last, |(s, _)| *s)
+            .is_err();
+        let untouched = last_done
+            && ids.iter().all(|id| {
+                self.slots[id.index()]
+                    .flight
+                    .is_some_and(|(s, _)| s == memo.last)
+            });
+        if !untouched {
+            for (index, &id) in ids.iter().enumerate() {
+                let slot = &mut self.slots[id.index()];
+                if Table::flying(&self.live, slot.flight) || slot.mark == seq {
+                    return Err(Error::DuplicateName {
+                        tensor: group
+                            .names
+                            .get(index)
+                            .copied()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    });
+                }
+                slot.mark = seq;
+            }
+        }
+        let repeat =
+            untouched && memo.template.same_as(&group.template) && memo.shapes == group.shapes;
+        if repeat {
+            self.memos[at].last = seq;
+        }
+        Ok((ids, names, repeat))
+    }
+
+    /// Interns and checks the names of a group not remembered.
+    fn insert_new(
+        &mut self,
+        group: &Group<'_>,
+        seq: u64,
+    ) -> Result<(Arc<[TensorId]>, Arc<TensorNames>, bool), Error> {
+        let mut ids = Vec::with_capacity(group.len());
+        for &name in &group.names {
+            let id = self.intern(name);
             let slot = &mut self.slots[id.index()];
             if Table::flying(&self.live, slot.flight) || slot.mark == seq {
                 return Err(Error::DuplicateName {
-                    tensor: item.name.to_owned(),
+                    tensor: name.to_owned(),
                 });
             }
             slot.mark = seq;
+            ids.push(id);
         }
-        let wake = self.queue.tensors.is_empty();
-        let batch = self.queue.batches.len() as u32;
-        self.queue
-            .batches
-            .push((Arc::clone(completion), items.len()));
-        self.live.push((seq, Arc::clone(completion)));
-        self.queue.tensors.reserve(items.len());
-        for (index, (item, id)) in items.into_iter().zip(ids).enumerate() {
-            let slot = &mut self.slots[id.index()];
-            let repeat = slot
-                .last
-                .as_ref()
-                .is_some_and(|last| last.same_as_with_shape(template, &item.shape));
-            let submission = if repeat {
-                Submission::repeat(id)
-            } else {
-                let params = Params {
-                    shape: item.shape,
-                    ..template.clone()
-                };
-                let submission = Submission::new(id, params.clone());
-                slot.last = Some(params);
-                submission
-            };
-            slot.flight = Some((seq, index as u32));
-            self.queue.tensors.push(Queued {
-                submission,
-                input: item.input,
-                batch,
-                index: index as u32,
-            });
-        }
-        Ok(wake)
+        let mut names = TensorNames::with_capacity(group.len());
+        group.names.iter().for_each(|name| names.push(name));
+        Ok((ids.into(), Arc::new(names), false))
     }
 
-    /// Takes the queued tensors, their submissions and the ids named since
-    /// the last call.
+    /// Remembers a group just submitted (the oldest memo goes).
+    fn remember(
+        &mut self,
+        ids: &Arc<[TensorId]>,
+        names: &Arc<TensorNames>,
+        shapes: Shapes,
+        template: Params,
+        seq: u64,
+    ) {
+        self.memos.retain(|m| !Arc::ptr_eq(&m.names, names));
+        if self.memos.len() == MEMO_GROUPS {
+            self.memos.remove(0);
+        }
+        self.memos.push(Memo {
+            names: Arc::clone(names),
+            ids: Arc::clone(ids),
+            shapes,
+            template,
+            last: seq,
+        });
+    }
+
+    /// Takes the queued submissions and the ids named since the last call.
     pub(crate) fn take_queued(&mut self) -> Taken {
         std::mem::take(&mut self.queue)
     }
@@ -272,7 +369,7 @@ impl Table {
     /// queue was taken (see [`Table::take_queued`]).
     pub(crate) fn reclaim(&mut self, mut forget: impl FnMut(TensorId) -> bool) {
         let due = self.ids.len() >= self.reclaim_at.max(RECLAIM_FLOOR);
-        if !due || !self.queue.named.is_empty() || !self.queue.tensors.is_empty() {
+        if !due || !self.queue.named.is_empty() || !self.queue.submissions.is_empty() {
             return;
         }
         self.live.retain(|(_, c)| !c.is_done());
@@ -305,7 +402,11 @@ impl Table {
     pub(crate) fn close(&mut self, reason: Error) -> Vec<Arc<Completion>> {
         self.closed.get_or_insert(reason);
         let queued = std::mem::take(&mut self.queue);
-        queued.batches.into_iter().map(|(c, _)| c).collect()
+        queued
+            .submissions
+            .into_iter()
+            .map(|q| q.completion)
+            .collect()
     }
 
     /// Why the engine stopped, if it did.
@@ -326,14 +427,6 @@ mod tests {
         Params::new(RequestKind::Allreduce, DataType::F32, [])
     }
 
-    fn item(name: &str) -> Item<'_> {
-        Item {
-            name,
-            shape: Shape::from_slice(&[1]),
-            input: Input::None,
-        }
-    }
-
     /// The table and, standing in for the background thread, the
     /// submissions and tensors it took.
     #[derive(Default)]
@@ -344,33 +437,29 @@ mod tests {
 
     impl World {
         fn insert(&mut self, names: &[&str]) -> Result<bool, Error> {
-            let items = names.iter().map(|n| item(n)).collect();
-            self.insert_items(items)
+            self.insert_shaped(names, 1)
         }
 
-        fn insert_items(&mut self, items: Vec<Item<'_>>) -> Result<bool, Error> {
-            let mut tensor_names = TensorNames::with_capacity(items.len());
-            items.iter().for_each(|i| tensor_names.push(i.name));
-            let completion = Completion::new(tensor_names, false, None);
-            let result = self.table.insert(&template(), items, &completion);
-            if result.is_err() {
-                completion.abandon();
+        fn insert_shaped(&mut self, names: &[&str], len: u64) -> Result<bool, Error> {
+            let mut group = Group::new(template(), names.len(), false, None);
+            for name in names {
+                group.push(name, &[len], Input::None);
             }
-            result
+            self.table.insert(group).map(|(_, wake)| wake)
         }
 
         /// Takes the queue as the background thread does.
         fn take(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
             let taken = self.table.take_queued();
-            let submissions = taken
-                .tensors
-                .into_iter()
-                .map(|q| {
-                    let completion = Arc::clone(&taken.batches[q.batch as usize].0);
-                    self.taken.insert(q.submission.id, (completion, q.index));
-                    q.submission
-                })
-                .collect();
+            let mut submissions = Vec::new();
+            for mut q in taken.submissions {
+                for index in 0..q.ids.len() {
+                    let submission = q.submission(index);
+                    let completion = Arc::clone(&q.completion);
+                    self.taken.insert(submission.id, (completion, index as u32));
+                    submissions.push(submission);
+                }
+            }
             (submissions, taken.named)
         }
 
@@ -447,11 +536,7 @@ mod tests {
         let (again, named) = w.take();
         assert!(again.iter().all(|s| s.params.is_none()) && named.is_empty());
         assert!(w.complete("a"));
-        let wider = Item {
-            shape: Shape::from_slice(&[2]),
-            ..item("a")
-        };
-        w.insert_items(vec![wider]).unwrap();
+        w.insert_shaped(&["a"], 2).unwrap();
         let (changed, _) = w.take();
         assert_eq!(
             changed[0].params.as_ref().map(|p| p.shape.to_vec()),
@@ -494,6 +579,7 @@ mod tests {
         let drained = w.table.close(Error::ShutDown { by_ranks: vec![1] });
         assert_eq!(drained.len(), 1, "one submission of two tensors");
         assert_eq!(drained[0].names().len(), 2);
+        drained[0].fail_open(|_| Error::ShutDown { by_ranks: vec![1] });
         assert!(w
             .table
             .close(Error::ShutDown { by_ranks: vec![0] })

@@ -11,8 +11,9 @@
 use super::tensor::{
     DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, ReadyEvents,
 };
-use crate::engine::{Group, Kolo};
+use crate::engine::Kolo;
 use crate::error::Error;
+use crate::group::Group;
 use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
@@ -435,7 +436,8 @@ impl<'scope> DeviceScope<'scope, '_> {
                     item.args.ready.push(event);
                 }
             }
-            group.push(name, item.params.shape, Input::Owned(Box::new(item.args)));
+            let shape = item.params.shape.clone();
+            group.push(name, &shape, Input::Owned(Box::new(item.args)));
         }
         let completion = self.core.kolo.submit(group)?;
         Ok(Handle::new(completion, move |payloads| {

@@ -1,8 +1,9 @@
 //! Allreduce (single, owned, grouped) and reduce-scatter.
 
 use super::{check, output, write_back, ReduceOptions};
-use crate::engine::{Group, Kolo};
+use crate::engine::Kolo;
 use crate::error::Error;
+use crate::group::Group;
 use crate::handle::Handle;
 use crate::split::split_rows;
 use crate::table::Input;
@@ -110,7 +111,7 @@ impl Kolo {
             let (data, shape) = tensor.into_parts();
             check(name, shape_problem(&shape, data.len()))?;
             let input = Input::Owned(Box::new(data.to_vec()));
-            group.push(name, wire_shape(&shape), input);
+            group.push(name, &wire_shape(&shape), input);
             outputs.push((name.to_owned(), data));
         }
         let completion = self.submit(group)?;

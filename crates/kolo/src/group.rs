@@ -1,0 +1,218 @@
+//! One submission's tensors as the submitting thread gathers them, in the
+//! shape that costs least to check against the last submission and to hand
+//! to the background thread: the names as given (borrowed), the shapes
+//! flat in one buffer, and — for a group of lent tensors of one element
+//! type — one (address, length) pair per tensor.
+
+use crate::lease::Lease;
+use crate::scope::Lent;
+use crate::table::Input;
+use kolo_protocol::Params;
+use std::any::TypeId;
+use std::ptr::NonNull;
+
+/// The tensors of one submission, gathered before they enter the table:
+/// one set of parameters (the template's) for all, each with its shape.
+pub(crate) struct Group<'n> {
+    pub(crate) template: Params,
+    pub(crate) names: Vec<&'n str>,
+    pub(crate) shapes: Shapes,
+    pub(crate) inputs: Inputs,
+    /// The handle gets each tensor's output.
+    pub(crate) payloads: bool,
+    /// Released once every tensor is done (a scope's claim on lent memory).
+    pub(crate) lease: Option<Lease>,
+}
+
+impl<'n> Group<'n> {
+    /// An empty submission of tensors with the parameters `template` (its
+    /// shape is ignored) with room for `capacity` tensors.
+    pub(crate) fn new(
+        template: Params,
+        capacity: usize,
+        payloads: bool,
+        lease: Option<Lease>,
+    ) -> Self {
+        Group {
+            template,
+            names: Vec::with_capacity(capacity),
+            shapes: Shapes::with_capacity(capacity),
+            inputs: Inputs::with_capacity(capacity),
+            payloads,
+            lease,
+        }
+    }
+
+    /// Adds a tensor of `shape`.
+    pub(crate) fn push(&mut self, name: &'n str, shape: &[u64], input: Input) {
+        self.names.push(name);
+        self.shapes.push(shape);
+        self.inputs.push(input);
+    }
+
+    /// Number of tensors.
+    pub(crate) fn len(&self) -> usize {
+        self.names.len()
+    }
+}
+
+/// The shapes of a submission's tensors, flat.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shapes {
+    dims: Vec<u64>,
+    ends: Vec<u32>,
+}
+
+impl Shapes {
+    fn with_capacity(tensors: usize) -> Self {
+        Shapes {
+            dims: Vec::with_capacity(tensors),
+            ends: Vec::with_capacity(tensors),
+        }
+    }
+
+    /// Appends a shape.
+    pub(crate) fn push(&mut self, shape: &[u64]) {
+        self.dims.extend_from_slice(shape);
+        self.ends.push(self.dims.len() as u32);
+    }
+
+    /// Shape `index` (empty when out of range).
+    pub(crate) fn get(&self, index: usize) -> &[u64] {
+        let start = match index.checked_sub(1) {
+            None => 0,
+            Some(before) => self.ends.get(before).map_or(0, |&e| e as usize),
+        };
+        let end = self.ends.get(index).map_or(start, |&e| e as usize);
+        self.dims.get(start..end).unwrap_or(&[])
+    }
+}
+
+/// One lent tensor's address and length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Segment {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+/// The inputs of a submission's tensors.
+pub(crate) enum Inputs {
+    /// Lent tensors of one element type: one address and length each.
+    Lent {
+        element: TypeId,
+        segments: Vec<Segment>,
+    },
+    /// Anything else, tensor by tensor.
+    Each(Vec<Input>),
+}
+
+// SAFETY: the segments stand for `Lent` views (see `crate::scope::Lent`,
+// which is `Send` for the same reason): exclusive access to lent memory,
+// handed to the engine's thread, read only as the recorded element type.
+unsafe impl Send for Inputs {}
+
+impl Inputs {
+    fn with_capacity(tensors: usize) -> Self {
+        Inputs::Lent {
+            element: TypeId::of::<()>(),
+            segments: Vec::with_capacity(tensors),
+        }
+    }
+
+    /// Appends one tensor's input.
+    fn push(&mut self, input: Input) {
+        if let Inputs::Lent { element, segments } = self {
+            if let Input::Lent(lent) = &input {
+                let (ptr, len, of) = lent.parts();
+                if segments.is_empty() {
+                    *element = of;
+                }
+                if *element == of {
+                    segments.push(Segment { ptr, len });
+                    return;
+                }
+            }
+            // Not (or not uniformly) lent: tensor by tensor from now on.
+            let element = *element;
+            let each = segments
+                .drain(..)
+                // SAFETY: each segment holds the parts of a view pushed
+                // here (under this submission's lease), rebuilt once as it
+                // leaves the list.
+                .map(|s| Input::Lent(unsafe { Lent::from_parts(s.ptr, s.len, element) }))
+                .collect();
+            *self = Inputs::Each(each);
+        }
+        if let Inputs::Each(each) = self {
+            each.push(input);
+        }
+    }
+
+    /// Takes tensor `index`'s input, leaving nothing (a lent segment keeps
+    /// its address with no elements).
+    pub(crate) fn take(&mut self, index: usize) -> Input {
+        match self {
+            Inputs::Lent { element, segments } => match segments.get_mut(index) {
+                Some(s) => {
+                    let len = std::mem::take(&mut s.len);
+                    // SAFETY: the segment holds the parts of a view pushed
+                    // here, under this submission's lease; its length is
+                    // zeroed now, so a later take rebuilds an empty view.
+                    Input::Lent(unsafe { Lent::from_parts(s.ptr, len, *element) })
+                }
+                None => Input::None,
+            },
+            Inputs::Each(each) => each
+                .get_mut(index)
+                .map_or(Input::None, |input| std::mem::replace(input, Input::None)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_are_flat_and_indexed() {
+        let mut shapes = Shapes::default();
+        shapes.push(&[2, 3]);
+        shapes.push(&[]);
+        shapes.push(&[7]);
+        assert_eq!(shapes.get(0), &[2, 3]);
+        assert_eq!(shapes.get(1), &[] as &[u64]);
+        assert_eq!(shapes.get(2), &[7]);
+        assert_eq!(shapes.get(3), &[] as &[u64]);
+    }
+
+    #[test]
+    fn uniform_lent_inputs_stay_segments_and_anything_else_goes_tensor_by_tensor() {
+        let mut a = [1.0f32; 4];
+        let mut b = [2u8; 3];
+        let mut inputs = Inputs::with_capacity(2);
+        inputs.push(Input::Lent(Lent::new(&mut a[..2])));
+        inputs.push(Input::Lent(Lent::new(&mut a[2..])));
+        assert!(matches!(&inputs, Inputs::Lent { segments, .. } if segments.len() == 2));
+        inputs.push(Input::Lent(Lent::new(&mut b[..])));
+        inputs.push(Input::None);
+        let Inputs::Each(each) = &inputs else {
+            panic!("mixed inputs go tensor by tensor");
+        };
+        assert_eq!(each.len(), 4);
+        match inputs.take(2) {
+            Input::Lent(mut lent) => assert_eq!(lent.as_mut_slice::<u8>(), Some(&mut [2u8; 3][..])),
+            _ => panic!("the third input is lent"),
+        }
+        assert!(matches!(inputs.take(2), Input::None), "taken once");
+        let mut uniform = Inputs::with_capacity(1);
+        uniform.push(Input::Lent(Lent::new(&mut a[..])));
+        for expected in [4, 0] {
+            match uniform.take(0) {
+                Input::Lent(mut lent) => {
+                    assert_eq!(lent.as_mut_slice::<f32>().map(|s| s.len()), Some(expected))
+                }
+                _ => panic!("the input is lent"),
+            }
+        }
+    }
+}

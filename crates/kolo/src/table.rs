@@ -125,6 +125,14 @@ struct Memo {
     last: u64,
 }
 
+/// A submission's names checked in: their ids and the handle's names, and
+/// whether the whole submission repeats the last one of its group.
+struct Checked {
+    ids: Arc<[TensorId]>,
+    names: Arc<TensorNames>,
+    repeat: bool,
+}
+
 /// The entries in flight, the requests the background thread has not
 /// taken yet, and whether new entries are still accepted.
 #[derive(Default)]
@@ -199,7 +207,7 @@ impl Table {
             .memos
             .iter()
             .position(|m| m.names.matches(&group.names));
-        let (ids, names, repeat) = match memo {
+        let Checked { ids, names, repeat } = match memo {
             Some(at) => self.insert_remembered(at, &group, seq)?,
             None => self.insert_new(&group, seq)?,
         };
@@ -260,7 +268,7 @@ impl Table {
         at: usize,
         group: &Group<'_>,
         seq: u64,
-    ) -> Result<(Arc<[TensorId]>, Arc<TensorNames>, bool), Error> {
+    ) -> Result<Checked, Error> {
         let memo = &self.memos[at];
         let (ids, names) = (Arc::clone(&memo.ids), Arc::clone(&memo.names));
         // The usual case: every name's last submission was this group's
@@ -296,7 +304,7 @@ impl Table {
         if repeat {
             self.memos[at].last = seq;
         }
-        Ok((ids, names, repeat))
+        Ok(Checked { ids, names, repeat })
     }
 
     /// Interns and checks the names of a group not remembered.
@@ -304,7 +312,7 @@ impl Table {
         &mut self,
         group: &Group<'_>,
         seq: u64,
-    ) -> Result<(Arc<[TensorId]>, Arc<TensorNames>, bool), Error> {
+    ) -> Result<Checked, Error> {
         let mut ids = Vec::with_capacity(group.len());
         for &name in &group.names {
             let id = self.intern(name);
@@ -319,7 +327,11 @@ impl Table {
         }
         let mut names = TensorNames::with_capacity(group.len());
         group.names.iter().for_each(|name| names.push(name));
-        Ok((ids.into(), Arc::new(names), false))
+        Ok(Checked {
+            ids: ids.into(),
+            names: Arc::new(names),
+            repeat: false,
+        })
     }
 
     /// Remembers a group just submitted (the oldest memo goes).
@@ -418,8 +430,6 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handle::TensorNames;
-    use kolo_protocol::Shape;
     use kolo_protocol::{DataType, RequestKind};
     use std::collections::HashMap;
 

@@ -114,24 +114,21 @@ fn set(words: &mut [u64], start: usize, bit: usize) {
 
 /// The set bits among the first `count` of the group at `start`, ascending
 /// (word by word: a cycle's decode costs the set bits, not the capacity).
-fn ones(words: &[u64], start: usize, count: usize) -> impl Iterator<Item = usize> + '_ {
-    words
-        .iter()
-        .skip(start)
-        .take(words_for(count))
-        .enumerate()
-        .flat_map(|(w, &word)| {
-            let mut rest = word;
-            std::iter::from_fn(move || {
-                if rest == 0 {
-                    return None;
-                }
-                let bit = rest.trailing_zeros() as usize;
-                rest &= rest - 1;
-                Some(w * 64 + bit)
-            })
-        })
-        .filter(move |&bit| bit < count)
+fn ones(words: &[u64], start: usize, count: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let group = words.get(start..).unwrap_or(&[]);
+    for (w, &word) in group.iter().take(words_for(count)).enumerate() {
+        let mut rest = word;
+        while rest != 0 {
+            let bit = w * 64 + rest.trailing_zeros() as usize;
+            if bit >= count {
+                break;
+            }
+            out.push(bit);
+            rest &= rest - 1;
+        }
+    }
+    out
 }
 
 impl BitLayout {
@@ -214,6 +211,30 @@ impl BitLayout {
         words
     }
 
+    /// [`BitLayout::encode`] with the hit bits given as a bit set
+    /// (`hits`: bit `s % 64` of word `s / 64` for slot `s`; `local.hits`
+    /// is ignored): the coordinator keeps its pending hits that way.
+    pub fn encode_with_hits(&self, rank: usize, local: &LocalBits, hits: &[u64]) -> Vec<u64> {
+        let flags = LocalBits {
+            hits: Vec::new(),
+            invalid: local.invalid.clone(),
+            ..*local
+        };
+        let mut words = self.encode(rank, &flags);
+        let n = self.cache_words();
+        let last_mask = match self.capacity % 64 {
+            0 => u64::MAX,
+            bits => (1u64 << bits) - 1,
+        };
+        for (w, &word) in hits.iter().take(n).enumerate() {
+            let word = if w + 1 == n { word & last_mask } else { word };
+            words[w] |= word;
+            // The any-hit group is stored inverted (see the module docs).
+            words[self.hits_any_start() + w] &= !word;
+        }
+        words
+    }
+
     /// Reads the AND-reduced `words` (of [`BitLayout::len`] words).
     pub fn decode(&self, words: &[u64]) -> CycleBits {
         let mut words = words.to_vec();
@@ -221,16 +242,21 @@ impl BitLayout {
         for word in &mut words[self.or_start()..] {
             *word = !*word;
         }
-        let ranks = |start| ones(&words, start, self.size).map(|r| r as u32).collect();
+        let ranks = |start| {
+            ones(&words, start, self.size)
+                .into_iter()
+                .map(|r| r as u32)
+                .collect()
+        };
         let flags = words[self.flags_start()];
         CycleBits {
             shutdown_ranks: ranks(self.shutdown_start()),
             joined_ranks: ranks(self.joined_start()),
             any_uncached: flags >> FLAG_UNCACHED & 1 == 1,
             gather_requested: flags >> FLAG_GATHER & 1 == 1,
-            invalid: ones(&words, self.invalid_start(), self.capacity).collect(),
-            hits_all: ones(&words, 0, self.capacity).collect(),
-            hits_any: ones(&words, self.hits_any_start(), self.capacity).collect(),
+            invalid: ones(&words, self.invalid_start(), self.capacity),
+            hits_all: ones(&words, 0, self.capacity),
+            hits_any: ones(&words, self.hits_any_start(), self.capacity),
         }
     }
 }
@@ -292,6 +318,17 @@ mod tests {
     }
 
     proptest! {
+        /// Hits given as a bit set encode exactly as hits given as slots.
+        #[test]
+        fn hit_words_encode_like_hit_slots((cap, l) in (0usize..200).prop_flat_map(|cap| (Just(cap), local(cap)))) {
+            let layout = BitLayout::new(3, cap);
+            let mut words = vec![0u64; cap.div_ceil(64)];
+            for &slot in &l.hits {
+                words[slot / 64] |= 1 << (slot % 64);
+            }
+            prop_assert_eq!(layout.encode_with_hits(1, &l, &words), layout.encode(1, &l));
+        }
+
         /// AND-reducing the encodings of every rank decodes to the OR of the
         /// flags, ranks and invalid slots and to the AND (and OR) of the hits.
         #[test]

@@ -215,9 +215,11 @@ impl Coordinator {
             uncached: self.pending.has_uncached(),
             gather: gather_wanted,
             invalid,
-            hits: self.pending.hit_slots(),
+            hits: Vec::new(),
         };
-        let mut words = self.layout.encode(self.rank, &local);
+        let mut words = self
+            .layout
+            .encode_with_hits(self.rank, &local, self.pending.hit_words());
         ctrl.bitwise_allreduce(&mut words, BitOp::And)?;
         let bits = self.layout.decode(&words);
 
@@ -351,10 +353,11 @@ impl Coordinator {
                 self.cache
                     .insert(&shared, id, Arc::clone(&response), params);
             }
-            out.push(Agreed {
-                response,
-                id: mine.map(|(id, _)| id),
-            });
+            let id = match response.tensor_names.len() {
+                1 => mine.map(|(id, _)| id),
+                _ => None,
+            };
+            out.push(Agreed { response, id });
         }
         out
     }

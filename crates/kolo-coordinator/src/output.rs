@@ -34,10 +34,10 @@ pub enum NegotiationEvent {
 pub struct Agreed {
     /// The response (shared with the response cache for a hit).
     pub response: Arc<Response>,
-    /// This rank's id for the response's tensor when the response settles
-    /// a request this rank has in flight; `None` for names this rank did
-    /// not submit (it joined, or a stall error for a tensor it lacks) and
-    /// for a join response (several names).
+    /// This rank's id for the response's tensor when the response names
+    /// one tensor and settles a request this rank has in flight; `None` for
+    /// names this rank did not submit (it joined, or a stall error for a
+    /// tensor it lacks) and for responses with several names (a join).
     pub id: Option<TensorId>,
 }
 

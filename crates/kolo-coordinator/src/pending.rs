@@ -48,23 +48,47 @@ struct Outgoing {
     params: Params,
 }
 
+/// "No slot" in the per-id state.
+const NO_SLOT: u32 = u32::MAX;
+
+/// What one rank knows of one of its ids on the fast path, in one place.
+#[derive(Clone, Copy, Debug)]
+struct IdState {
+    /// The cache slot the id's last parameters hit, and the cache
+    /// generation then (a repeat hits again while the cache is unchanged).
+    memo_slot: u32,
+    memo_generation: u64,
+    /// The slot the id's request waits on, on the bit path.
+    waiting: u32,
+    /// The id has a request in flight (join requests excluded).
+    in_flight: bool,
+}
+
+impl Default for IdState {
+    fn default() -> Self {
+        IdState {
+            memo_slot: NO_SLOT,
+            memo_generation: 0,
+            waiting: NO_SLOT,
+            in_flight: false,
+        }
+    }
+}
+
 /// One rank's requests that have no response yet.
 #[derive(Clone, Debug, Default)]
 pub struct PendingRequests {
     rank: u32,
     /// The parameters of each id's last submission.
     last: Vec<Option<Params>>,
-    /// The cache slot each id's last parameters hit, and the cache
-    /// generation then: a repeat hits again while the cache is unchanged.
-    hit_memo: Vec<Option<(usize, u64)>>,
-    /// Which ids have a request in flight (join requests excluded).
-    in_flight: Vec<bool>,
+    /// Each id's fast-path state.
+    ids: Vec<IdState>,
     /// Number of ids in flight.
     in_flight_count: usize,
     /// The tensor waiting on each cache slot's bit.
     hits: Vec<Option<TensorId>>,
-    /// The slot each id waits on, if it waits on the bit path.
-    waiting: Vec<Option<usize>>,
+    /// The same as a bit set (the words this rank contributes).
+    hit_words: Vec<u64>,
     /// Number of `Some` in `hits`.
     hit_count: usize,
     /// Requests for rank 0, sent with the next gather.
@@ -92,6 +116,7 @@ impl PendingRequests {
         PendingRequests {
             rank,
             hits: vec![None; capacity],
+            hit_words: vec![0; capacity.div_ceil(64)],
             ..Self::default()
         }
     }
@@ -113,8 +138,7 @@ impl PendingRequests {
 
     /// True while `id` has a request without a response.
     pub fn is_pending(&self, id: TensorId) -> bool {
-        self.in_flight.get(id.index()).copied().unwrap_or(false)
-            || self.outbox.iter().any(|o| o.id == id)
+        self.flying(id) || self.outbox.iter().any(|o| o.id == id)
     }
 
     /// The parameters of `id`'s last submission.
@@ -127,27 +151,52 @@ impl PendingRequests {
         if let Some(last) = self.last.get_mut(id.index()) {
             *last = None;
         }
-        if let Some(memo) = self.hit_memo.get_mut(id.index()) {
-            *memo = None;
+        if let Some(state) = self.ids.get_mut(id.index()) {
+            *state = IdState::default();
         }
+    }
+
+    /// `id`'s state, grown as needed.
+    fn state(&mut self, id: TensorId) -> &mut IdState {
+        if self.ids.len() <= id.index() {
+            self.ids.resize(id.index() + 1, IdState::default());
+        }
+        &mut self.ids[id.index()]
     }
 
     /// True when `id` is in flight.
     fn flying(&self, id: TensorId) -> bool {
-        self.in_flight.get(id.index()).copied().unwrap_or(false)
+        self.ids.get(id.index()).is_some_and(|s| s.in_flight)
     }
 
     /// Marks `id` in flight or not.
     fn fly(&mut self, id: TensorId, flying: bool) {
-        if self.in_flight.len() <= id.index() {
-            self.in_flight.resize(id.index() + 1, false);
-        }
-        let was = std::mem::replace(&mut self.in_flight[id.index()], flying);
+        let state = self.state(id);
+        let was = std::mem::replace(&mut state.in_flight, flying);
         match (was, flying) {
             (false, true) => self.in_flight_count += 1,
             (true, false) => self.in_flight_count -= 1,
             _ => {}
         }
+    }
+
+    /// `id` waits on `slot`'s bit.
+    fn wait_on(&mut self, slot: usize, id: TensorId) {
+        self.hits[slot] = Some(id);
+        self.hit_words[slot / 64] |= 1 << (slot % 64);
+        self.hit_count += 1;
+        self.state(id).waiting = slot as u32;
+    }
+
+    /// Clears the bit-path wait on `slot`; returns who waited.
+    fn unwait(&mut self, slot: usize) -> Option<TensorId> {
+        let id = self.hits.get_mut(slot)?.take()?;
+        self.hit_words[slot / 64] &= !(1 << (slot % 64));
+        self.hit_count -= 1;
+        if let Some(state) = self.ids.get_mut(id.index()) {
+            state.waiting = NO_SLOT;
+        }
+        Some(id)
     }
 
     /// Requests for rank 0 are waiting.
@@ -157,17 +206,21 @@ impl PendingRequests {
 
     /// The cache slots this rank has a pending hit for, ascending.
     pub fn hit_slots(&self) -> Vec<usize> {
-        if self.hit_count == 0 {
-            return Vec::new();
-        }
         let mut slots = Vec::with_capacity(self.hit_count);
-        slots.extend(
-            self.hits
-                .iter()
-                .enumerate()
-                .filter_map(|(slot, id)| id.map(|_| slot)),
-        );
+        for (w, &word) in self.hit_words.iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                slots.push(w * 64 + rest.trailing_zeros() as usize);
+                rest &= rest - 1;
+            }
+        }
         slots
+    }
+
+    /// The pending hits as a bit set over the cache slots (bit `s % 64` of
+    /// word `s / 64`), what this rank contributes to the cycle.
+    pub fn hit_words(&self) -> &[u64] {
+        &self.hit_words
     }
 
     /// Sends to rank 0 every bit-path request whose slot no longer holds its
@@ -180,7 +233,7 @@ impl PendingRequests {
         if self.hit_count == 0 {
             return;
         }
-        for slot in 0..self.hits.len() {
+        for slot in self.hit_slots() {
             let Some(id) = self.hits[slot] else { continue };
             let valid = self
                 .params(id)
@@ -202,64 +255,80 @@ impl PendingRequests {
         cache: &ResponseCache,
     ) -> Vec<usize> {
         let mut invalid = Vec::new();
+        let generation = cache.generation();
         for Submission { id, params } in submissions {
             let changed = params.is_some();
             if let Some(params) = params {
                 *at(&mut self.last, id.index()) = Some(*params);
             }
-            let Some(kind) = self.params(id).map(|p| p.kind) else {
-                self.outbox.push(Outgoing {
-                    id,
-                    params: Params::new(RequestKind::Barrier, kolo_protocol::DataType::U8, []),
-                });
-                continue;
-            };
-            if kind == RequestKind::Join || self.flying(id) {
-                if kind == RequestKind::Join {
-                    self.joined = true;
-                } else {
-                    // A tensor twice in flight: both go to rank 0, which
-                    // fails it.
-                    self.send_to_rank0(id);
-                }
-                if let Some(params) = self.params(id).cloned() {
-                    self.outbox.push(Outgoing { id, params });
-                }
-                continue;
-            }
-            let Some(params) = self.last.get(id.index()).and_then(Option::as_ref) else {
-                continue;
-            };
-            let memo = at(&mut self.hit_memo, id.index());
-            let lookup = match *memo {
-                Some((slot, generation)) if !changed && generation == cache.generation() => {
-                    Lookup::Hit(slot)
-                }
-                _ => cache.lookup(id, params),
-            };
-            *memo = match lookup {
-                Lookup::Hit(slot) => Some((slot, cache.generation())),
-                _ => None,
-            };
-            match lookup {
-                Lookup::Hit(slot) if slot < self.hits.len() && self.hits[slot].is_none() => {
-                    self.hits[slot] = Some(id);
-                    *at(&mut self.waiting, id.index()) = Some(slot);
-                    self.hit_count += 1;
-                }
-                Lookup::Mismatch(slot) => {
-                    invalid.push(slot);
-                    let params = params.clone();
-                    self.outbox.push(Outgoing { id, params });
-                }
-                _ => {
-                    let params = params.clone();
-                    self.outbox.push(Outgoing { id, params });
+            let state = *self.state(id);
+            // The fast path: a repeat of a request that hit this slot, the
+            // cache unchanged since (a join never hits: not a join).
+            if !changed
+                && !state.in_flight
+                && state.memo_slot != NO_SLOT
+                && state.memo_generation == generation
+            {
+                let slot = state.memo_slot as usize;
+                if slot < self.hits.len() && self.hits[slot].is_none() {
+                    self.wait_on(slot, id);
+                    self.fly(id, true);
+                    continue;
                 }
             }
-            self.fly(id, true);
+            self.intake_slow(id, cache, &mut invalid);
         }
         invalid
+    }
+
+    /// [`PendingRequests::intake`] of one request that the fast path did
+    /// not settle.
+    fn intake_slow(&mut self, id: TensorId, cache: &ResponseCache, invalid: &mut Vec<usize>) {
+        let Some(kind) = self.params(id).map(|p| p.kind) else {
+            self.outbox.push(Outgoing {
+                id,
+                params: Params::new(RequestKind::Barrier, kolo_protocol::DataType::U8, []),
+            });
+            return;
+        };
+        if kind == RequestKind::Join || self.flying(id) {
+            if kind == RequestKind::Join {
+                self.joined = true;
+            } else {
+                // A tensor twice in flight: both go to rank 0, which fails
+                // it.
+                self.send_to_rank0(id);
+            }
+            if let Some(params) = self.params(id).cloned() {
+                self.outbox.push(Outgoing { id, params });
+            }
+            return;
+        }
+        let Some(params) = self.last.get(id.index()).and_then(Option::as_ref) else {
+            return;
+        };
+        let lookup = cache.lookup(id, params);
+        let generation = cache.generation();
+        let params = params.clone();
+        let state = self.state(id);
+        match lookup {
+            Lookup::Hit(slot) => {
+                state.memo_slot = slot as u32;
+                state.memo_generation = generation;
+            }
+            _ => state.memo_slot = NO_SLOT,
+        }
+        match lookup {
+            Lookup::Hit(slot) if slot < self.hits.len() && self.hits[slot].is_none() => {
+                self.wait_on(slot, id);
+            }
+            Lookup::Mismatch(slot) => {
+                invalid.push(slot);
+                self.outbox.push(Outgoing { id, params });
+            }
+            _ => self.outbox.push(Outgoing { id, params }),
+        }
+        self.fly(id, true);
     }
 
     /// After the bit allreduce: bit-path requests on invalidated slots, and
@@ -270,7 +339,7 @@ impl PendingRequests {
             return;
         }
         if bits.any_joined() {
-            for slot in 0..self.hits.len() {
+            for slot in self.hit_slots() {
                 if let Some(id) = self.hits[slot] {
                     self.send_to_rank0(id);
                 }
@@ -287,11 +356,7 @@ impl PendingRequests {
     /// Settles the bit-path request on `slot` (every rank agreed on it) and
     /// returns its tensor.
     pub fn settle_hit(&mut self, slot: usize) -> Option<TensorId> {
-        let id = self.hits.get_mut(slot)?.take()?;
-        self.hit_count -= 1;
-        if let Some(waiting) = self.waiting.get_mut(id.index()) {
-            *waiting = None;
-        }
+        let id = self.unwait(slot)?;
         self.fly(id, false);
         Some(id)
     }
@@ -321,12 +386,9 @@ impl PendingRequests {
         let mut first = None;
         for name in &response.tensor_names {
             let Some(id) = names.id(name) else { continue };
-            if let Some(slot) = self.waiting.get_mut(id.index()).and_then(Option::take) {
-                if let Some(hit) = self.hits.get_mut(slot) {
-                    if hit.take().is_some() {
-                        self.hit_count -= 1;
-                    }
-                }
+            let waiting = self.ids.get(id.index()).map_or(NO_SLOT, |s| s.waiting);
+            if waiting != NO_SLOT {
+                self.unwait(waiting as usize);
             }
             if !self.flying(id) {
                 continue;
@@ -346,14 +408,11 @@ impl PendingRequests {
 
     /// Moves a bit-path request to the outbox.
     fn send_to_rank0(&mut self, id: TensorId) {
-        let Some(slot) = self.waiting.get_mut(id.index()).and_then(Option::take) else {
+        let waiting = self.ids.get(id.index()).map_or(NO_SLOT, |s| s.waiting);
+        if waiting == NO_SLOT {
             return;
-        };
-        if let Some(hit) = self.hits.get_mut(slot) {
-            if hit.take().is_some() {
-                self.hit_count -= 1;
-            }
         }
+        self.unwait(waiting as usize);
         if self.flying(id) {
             if let Some(params) = self.params(id).cloned() {
                 self.outbox.push(Outgoing { id, params });

@@ -444,9 +444,12 @@ impl<B: Backend> Engine<B> {
         let mut slots = Vec::with_capacity(members.len());
         for &m in members {
             let w = &work[m];
-            match (w.id, w.response.tensor_names.as_slice()) {
-                (Some(id), [_]) => slots.push(self.take_entry(id)),
-                (_, names) => {
+            // An id comes only with a single-tensor response (see
+            // `kolo_coordinator::Agreed`): its response is not read.
+            match (w.id, w.response) {
+                (Some(id), _) => slots.push(self.take_entry(id)),
+                (None, response) => {
+                    let names = &response.tensor_names;
                     // A join (several names), or a name this rank's
                     // coordinator did not settle: by name.
                     let ids: Vec<Option<TensorId>> = {

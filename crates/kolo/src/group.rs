@@ -50,6 +50,13 @@ impl<'n> Group<'n> {
         self.inputs.push(input);
     }
 
+    /// Adds a tensor of the dimensions `dims`.
+    pub(crate) fn push_dims(&mut self, name: &'n str, dims: &[usize], input: Input) {
+        self.names.push(name);
+        self.shapes.push_dims(dims);
+        self.inputs.push(input);
+    }
+
     /// Number of tensors.
     pub(crate) fn len(&self) -> usize {
         self.names.len()
@@ -74,6 +81,12 @@ impl Shapes {
     /// Appends a shape.
     pub(crate) fn push(&mut self, shape: &[u64]) {
         self.dims.extend_from_slice(shape);
+        self.ends.push(self.dims.len() as u32);
+    }
+
+    /// Appends a shape given as dimensions.
+    fn push_dims(&mut self, dims: &[usize]) {
+        self.dims.extend(dims.iter().map(|&d| d as u64));
         self.ends.push(self.dims.len() as u32);
     }
 

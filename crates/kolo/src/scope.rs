@@ -18,7 +18,7 @@ use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
 use crate::table::Input;
-use crate::tensor::{shape_problem, wire_shape, TensorMut};
+use crate::tensor::{shape_problem, TensorMut};
 use kolo_protocol::RequestKind;
 use kolo_transport::Element;
 use std::any::TypeId;
@@ -170,7 +170,7 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            group.push(name, &wire_shape(&shape), Input::Lent(Lent::new(data)));
+            group.push_dims(name, &shape, Input::Lent(Lent::new(data)));
         }
         let completion = kolo.submit(group)?;
         Ok(Handle::new(completion, |_| Ok(())))

@@ -308,11 +308,7 @@ impl Table {
     }
 
     /// Interns and checks the names of a group not remembered.
-    fn insert_new(
-        &mut self,
-        group: &Group<'_>,
-        seq: u64,
-    ) -> Result<Checked, Error> {
+    fn insert_new(&mut self, group: &Group<'_>, seq: u64) -> Result<Checked, Error> {
         let mut ids = Vec::with_capacity(group.len());
         for &name in &group.names {
             let id = self.intern(name);

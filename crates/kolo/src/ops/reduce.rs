@@ -111,7 +111,7 @@ impl Kolo {
             let (data, shape) = tensor.into_parts();
             check(name, shape_problem(&shape, data.len()))?;
             let input = Input::Owned(Box::new(data.to_vec()));
-            group.push(name, &wire_shape(&shape), input);
+            group.push_dims(name, &shape, input);
             outputs.push((name.to_owned(), data));
         }
         let completion = self.submit(group)?;

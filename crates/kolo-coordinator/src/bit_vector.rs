@@ -78,6 +78,9 @@ impl CycleBits {
         if self.any_joined() {
             return Vec::new();
         }
+        if self.invalid.is_empty() {
+            return self.hits_all.clone();
+        }
         let valid = |slot: &usize| self.invalid.binary_search(slot).is_err();
         self.hits_all.iter().copied().filter(valid).collect()
     }

@@ -233,10 +233,10 @@ impl Coordinator {
         let mut cached: Vec<Hit> = Vec::with_capacity(agreed.len());
         for &slot in &agreed {
             let id = self.pending.settle_hit(slot);
-            // Stays cached until it is performed (after this cycle).
-            self.cache.pin(slot);
             cached.push(Hit { slot, id });
         }
+        // Stay cached until they are performed (after this cycle).
+        self.cache.pin(&agreed);
         let gather = bits.needs_gather(self.size);
         let mut output = CycleOutput {
             shutdown_ranks: bits.shutdown_ranks.clone(),
@@ -332,9 +332,7 @@ impl Coordinator {
         agreed: &[usize],
         joined_any: bool,
     ) -> Vec<Agreed> {
-        for &slot in agreed {
-            self.cache.touch(slot);
-        }
+        self.cache.touch_all(agreed);
         let mut out = Vec::with_capacity(from_rank0.len());
         for response in from_rank0 {
             let mine = self.pending.answer(&response, &self.names);

@@ -257,23 +257,27 @@ impl PendingRequests {
         let mut invalid = Vec::new();
         let generation = cache.generation();
         for Submission { id, params } in submissions {
-            let changed = params.is_some();
-            if let Some(params) = params {
-                *at(&mut self.last, id.index()) = Some(*params);
-            }
-            let state = *self.state(id);
-            // The fast path: a repeat of a request that hit this slot, the
-            // cache unchanged since (a join never hits: not a join).
-            if !changed
-                && !state.in_flight
-                && state.memo_slot != NO_SLOT
-                && state.memo_generation == generation
-            {
-                let slot = state.memo_slot as usize;
-                if slot < self.hits.len() && self.hits[slot].is_none() {
-                    self.wait_on(slot, id);
-                    self.fly(id, true);
-                    continue;
+            match params {
+                Some(params) => *at(&mut self.last, id.index()) = Some(*params),
+                None => {
+                    // The fast path: a repeat of a request that hit this
+                    // slot, the cache unchanged since (a join never hits:
+                    // not a join), the slot's bit free.
+                    if let Some(state) = self.ids.get_mut(id.index()) {
+                        let slot = state.memo_slot as usize;
+                        let fresh = !state.in_flight
+                            && state.memo_slot != NO_SLOT
+                            && state.memo_generation == generation;
+                        if let (true, Some(hit @ None)) = (fresh, self.hits.get_mut(slot)) {
+                            *hit = Some(id);
+                            self.hit_words[slot / 64] |= 1 << (slot % 64);
+                            self.hit_count += 1;
+                            state.waiting = slot as u32;
+                            state.in_flight = true;
+                            self.in_flight_count += 1;
+                            continue;
+                        }
+                    }
                 }
             }
             self.intake_slow(id, cache, &mut invalid);
@@ -356,8 +360,15 @@ impl PendingRequests {
     /// Settles the bit-path request on `slot` (every rank agreed on it) and
     /// returns its tensor.
     pub fn settle_hit(&mut self, slot: usize) -> Option<TensorId> {
-        let id = self.unwait(slot)?;
-        self.fly(id, false);
+        let id = self.hits.get_mut(slot)?.take()?;
+        self.hit_words[slot / 64] &= !(1 << (slot % 64));
+        self.hit_count -= 1;
+        if let Some(state) = self.ids.get_mut(id.index()) {
+            state.waiting = NO_SLOT;
+            if std::mem::replace(&mut state.in_flight, false) {
+                self.in_flight_count -= 1;
+            }
+        }
         Some(id)
     }
 

@@ -84,6 +84,18 @@ impl Lru {
         self.prev[s] = slot;
     }
 
+    /// True when the most recently used slots are `slots`, oldest first.
+    fn ends_with(&self, slots: &[usize]) -> bool {
+        let mut at = self.prev[self.sentinel()];
+        for &slot in slots.iter().rev() {
+            if at != slot {
+                return false;
+            }
+            at = self.prev[at];
+        }
+        true
+    }
+
     /// The least recently used slot for which `eligible` holds.
     fn first_where(&self, eligible: impl Fn(usize) -> bool) -> Option<usize> {
         let mut slot = self.next[self.sentinel()];
@@ -113,10 +125,8 @@ pub struct ResponseCache {
     /// erase): pending hits need revalidating only then.
     generation: u64,
     /// Slots that eviction skips (a cycle's hits, performed after it from
-    /// the cache).
-    pinned: Vec<bool>,
-    /// The pinned slots, to unpin them.
-    pins: Vec<usize>,
+    /// the cache), ascending.
+    pinned: Vec<usize>,
 }
 
 impl Default for ResponseCache {
@@ -135,8 +145,7 @@ impl ResponseCache {
             free: (0..capacity).collect(),
             lru: Lru::new(capacity),
             generation: 0,
-            pinned: vec![false; capacity],
-            pins: Vec::new(),
+            pinned: Vec::new(),
         }
     }
 
@@ -209,20 +218,39 @@ impl ResponseCache {
         self.by_id.get(id.index()).copied().flatten()
     }
 
-    /// Keeps `slot` from being evicted until [`ResponseCache::unpin_all`]
-    /// (every rank pins the same slots: eviction stays deterministic).
-    pub fn pin(&mut self, slot: usize) {
-        if let Some(pinned) = self.pinned.get_mut(slot) {
-            if !std::mem::replace(pinned, true) {
-                self.pins.push(slot);
-            }
+    /// Keeps `slots` (ascending) from being evicted until
+    /// [`ResponseCache::unpin_all`] (every rank pins the same slots:
+    /// eviction stays deterministic).
+    pub fn pin(&mut self, slots: &[usize]) {
+        if self.pinned.is_empty() {
+            self.pinned.extend_from_slice(slots);
+        } else {
+            self.pinned.extend_from_slice(slots);
+            self.pinned.sort_unstable();
+            self.pinned.dedup();
         }
+    }
+
+    /// True when `slot` is pinned.
+    fn is_pinned(&self, slot: usize) -> bool {
+        self.pinned.binary_search(&slot).is_ok()
     }
 
     /// Lets every pinned slot be evicted again.
     pub fn unpin_all(&mut self) {
-        for slot in self.pins.drain(..) {
-            self.pinned[slot] = false;
+        self.pinned.clear();
+    }
+
+    /// Marks `slots` (ascending) as used now, in that order (after cache
+    /// hits). When they already are the most recently used, in that order
+    /// (a training step repeating the last), the list is left as it is:
+    /// relinking would rebuild it unchanged.
+    pub fn touch_all(&mut self, slots: &[usize]) {
+        if self.lru.ends_with(slots) {
+            return;
+        }
+        for &slot in slots {
+            self.touch(slot);
         }
     }
 
@@ -258,7 +286,7 @@ impl ResponseCache {
             None => match self.free.pop_first() {
                 Some(free) => free,
                 None => {
-                    let victim = self.lru.first_where(|slot| !self.pinned[slot])?;
+                    let victim = self.lru.first_where(|slot| !self.is_pinned(slot))?;
                     self.erase(victim);
                     self.free.remove(&victim);
                     victim
@@ -379,9 +407,9 @@ mod tests {
         let mut cache = ResponseCache::new(2);
         assert_eq!(put(&mut cache, "a", Some(0), Some(params(1))), Some(0));
         assert_eq!(put(&mut cache, "b", Some(1), Some(params(1))), Some(1));
-        cache.pin(0);
+        cache.pin(&[0]);
         assert_eq!(put(&mut cache, "c", Some(2), Some(params(1))), Some(1));
-        cache.pin(1);
+        cache.pin(&[1]);
         assert_eq!(put(&mut cache, "d", Some(3), Some(params(1))), None);
         assert_eq!((cache.name(0), cache.name(1)), (Some("a"), Some("c")));
         cache.unpin_all();
@@ -414,6 +442,30 @@ mod tests {
     }
 
     proptest! {
+        /// Touching several slots at once orders the list as touching them
+        /// one by one.
+        #[test]
+        fn touch_all_is_touching_each(ops in prop::collection::vec(op(), 0..60), touched in prop::collection::btree_set(0usize..6, 0..6)) {
+            let mut a = ResponseCache::new(6);
+            for op in ops {
+                match op {
+                    Op::Insert(n) => { put(&mut a, &format!("t{n}"), None, None); }
+                    Op::Touch(s) => a.touch(s),
+                    Op::Erase(s) => a.erase(s),
+                }
+            }
+            let touched: Vec<usize> = touched.into_iter().filter(|&s| a.name(s).is_some()).collect();
+            let mut b = a.clone();
+            a.touch_all(&touched);
+            a.touch_all(&touched);
+            for &s in &touched { b.touch(s); }
+            // Same eviction order from here: fill with new names.
+            for n in 100..110 {
+                let name = format!("t{n}");
+                prop_assert_eq!(put(&mut a, &name, None, None), put(&mut b, &name, None, None));
+            }
+        }
+
         /// Two caches fed the same operation sequence (what every rank does
         /// with the agreed responses) assign the same slots, whatever the
         /// per-rank ids and parameters are; the name and id indexes always

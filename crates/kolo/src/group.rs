@@ -57,6 +57,19 @@ impl<'n> Group<'n> {
         self.inputs.push(input);
     }
 
+    /// Adds a tensor of the dimensions `dims` lent from `data`.
+    #[inline]
+    pub(crate) fn push_lent<T: kolo_transport::Element>(
+        &mut self,
+        name: &'n str,
+        dims: &[usize],
+        data: &mut [T],
+    ) {
+        self.names.push(name);
+        self.shapes.push_dims(dims);
+        self.inputs.push_lent(data);
+    }
+
     /// Number of tensors.
     pub(crate) fn len(&self) -> usize {
         self.names.len()
@@ -86,7 +99,9 @@ impl Shapes {
 
     /// Appends a shape given as dimensions.
     fn push_dims(&mut self, dims: &[usize]) {
-        self.dims.extend(dims.iter().map(|&d| d as u64));
+        for &d in dims {
+            self.dims.push(d as u64);
+        }
         self.ends.push(self.dims.len() as u32);
     }
 
@@ -159,6 +174,25 @@ impl Inputs {
         if let Inputs::Each(each) = self {
             each.push(input);
         }
+    }
+
+    /// Appends a lent tensor (as a segment while the inputs are lent
+    /// tensors of `T`).
+    fn push_lent<T: kolo_transport::Element>(&mut self, data: &mut [T]) {
+        if let Inputs::Lent { element, segments } = self {
+            let of = TypeId::of::<T>();
+            if segments.is_empty() {
+                *element = of;
+            }
+            if *element == of {
+                segments.push(Segment {
+                    len: data.len(),
+                    ptr: NonNull::from(data).cast(),
+                });
+                return;
+            }
+        }
+        self.push(Input::Lent(Lent::new(data)));
     }
 
     /// Takes tensor `index`'s input, leaving nothing (a lent segment keeps

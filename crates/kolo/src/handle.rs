@@ -342,10 +342,17 @@ impl TensorNames {
         if names.len() != self.ends.len() {
             return false;
         }
+        let text = self.text.as_bytes();
         let mut start = 0usize;
         for (name, &end) in names.iter().zip(&self.ends) {
             let end = end as usize;
-            if self.text.as_bytes().get(start..end) != Some(name.as_bytes()) {
+            let Some(have) = text.get(start..end) else {
+                return false;
+            };
+            // Byte by byte: names are short, and a call to `memcmp` per
+            // name would cost more than the comparison.
+            let name = name.as_bytes();
+            if have.len() != name.len() || have.iter().zip(name).any(|(a, b)| a != b) {
                 return false;
             }
             start = end;

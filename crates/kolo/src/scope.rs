@@ -17,7 +17,6 @@ use crate::group::Group;
 use crate::handle::Handle;
 use crate::lease::ScopeCore;
 use crate::ops::ReduceOptions;
-use crate::table::Input;
 use crate::tensor::{shape_problem, TensorMut};
 use kolo_protocol::RequestKind;
 use kolo_transport::Element;
@@ -170,7 +169,7 @@ impl<'scope> Scope<'scope, '_> {
                     reason,
                 });
             }
-            group.push_dims(name, &shape, Input::Lent(Lent::new(data)));
+            group.push_lent(name, &shape, data);
         }
         let completion = kolo.submit(group)?;
         Ok(Handle::new(completion, |_| Ok(())))

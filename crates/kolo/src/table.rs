@@ -104,9 +104,6 @@ pub(crate) struct Taken {
 struct Slot {
     /// The id's name; `None` while the id is free.
     name: Option<Arc<str>>,
-    /// The name's last submission (its sequence number) and its place in
-    /// it: the name is in flight until that part is in.
-    flight: Option<(u64, u32)>,
     /// The parameters the name was last submitted with (the coordinator
     /// has them too: a repeat is queued without them).
     last: Option<Params>,
@@ -139,6 +136,11 @@ struct Checked {
 pub(crate) struct Table {
     ids: FxHashMap<Arc<str>, TensorId>,
     slots: Vec<Slot>,
+    /// Each id's last submission (its sequence number, 0 for none) and its
+    /// place in it: the name is in flight until that part is in. Apart
+    /// from the slots, dense: a repeated group reads and writes it in one
+    /// pass.
+    flights: Vec<(u64, u32)>,
     /// Ids free for new names.
     free: Vec<TensorId>,
     /// Submissions that may have tensors in flight, by sequence number
@@ -170,6 +172,7 @@ impl Table {
             Some(id) => id,
             None => {
                 self.slots.push(Slot::default());
+                self.flights.push((0, 0));
                 TensorId(self.slots.len() as u32 - 1)
             }
         };
@@ -181,10 +184,10 @@ impl Table {
 
     /// True while the tensor of `flight` (a submission and a part of it)
     /// is not in.
-    fn flying(live: &[(u64, Arc<Completion>)], flight: Option<(u64, u32)>) -> bool {
-        let Some((seq, index)) = flight else {
+    fn flying(live: &[(u64, Arc<Completion>)], (seq, index): (u64, u32)) -> bool {
+        if seq == 0 {
             return false;
-        };
+        }
         match live.binary_search_by_key(&seq, |(s, _)| *s) {
             Ok(at) => !live[at].1.part_done(index),
             Err(_) => false,
@@ -248,7 +251,7 @@ impl Table {
             Requests::Each(each)
         };
         for (index, &id) in ids.iter().enumerate() {
-            self.slots[id.index()].flight = Some((seq, index as u32));
+            self.flights[id.index()] = (seq, index as u32);
         }
         let wake = self.queue.submissions.is_empty();
         self.live.push((seq, Arc::clone(&completion)));
@@ -279,14 +282,15 @@ impl Table {
             .is_err();
         let untouched = last_done
             && ids.iter().all(|id| {
-                self.slots[id.index()]
-                    .flight
-                    .is_some_and(|(s, _)| s == memo.last)
+                self.flights
+                    .get(id.index())
+                    .is_some_and(|f| f.0 == memo.last)
             });
         if !untouched {
             for (index, &id) in ids.iter().enumerate() {
+                let flight = self.flights[id.index()];
                 let slot = &mut self.slots[id.index()];
-                if Table::flying(&self.live, slot.flight) || slot.mark == seq {
+                if Table::flying(&self.live, flight) || slot.mark == seq {
                     return Err(Error::DuplicateName {
                         tensor: group
                             .names
@@ -312,8 +316,9 @@ impl Table {
         let mut ids = Vec::with_capacity(group.len());
         for &name in &group.names {
             let id = self.intern(name);
+            let flight = self.flights[id.index()];
             let slot = &mut self.slots[id.index()];
-            if Table::flying(&self.live, slot.flight) || slot.mark == seq {
+            if Table::flying(&self.live, flight) || slot.mark == seq {
                 return Err(Error::DuplicateName {
                     tensor: name.to_owned(),
                 });
@@ -383,15 +388,15 @@ impl Table {
         self.live.retain(|(_, c)| !c.is_done());
         // Remembered groups may name freed ids.
         self.memos.clear();
-        for (index, slot) in self.slots.iter_mut().enumerate() {
+        for (index, (slot, flight)) in self.slots.iter_mut().zip(&mut self.flights).enumerate() {
             let id = TensorId(index as u32);
-            if Table::flying(&self.live, slot.flight) || slot.name.is_none() || !forget(id) {
+            if Table::flying(&self.live, *flight) || slot.name.is_none() || !forget(id) {
                 continue;
             }
             if let Some(name) = slot.name.take() {
                 self.ids.remove(&name);
                 slot.last = None;
-                slot.flight = None;
+                *flight = (0, 0);
                 self.free.push(id);
             }
         }

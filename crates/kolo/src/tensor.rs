@@ -31,6 +31,11 @@ pub struct TensorMut<'a, T> {
 
 /// What is wrong with `shape` for a buffer of `len` elements, if anything.
 pub(crate) fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
+    if let [only] = shape {
+        if *only == len {
+            return None;
+        }
+    }
     match shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
         Some(n) if n == len => None,
         Some(n) => Some(format!(

@@ -465,6 +465,31 @@ impl<B: Backend> Engine<B> {
         slots
     }
 
+    /// The submission whose tensors `members` are, all of them in order,
+    /// if they are one (a repeated group settled by the cache: then its
+    /// fused allreduce runs straight over the submission's lent memory).
+    /// The tensors are taken from the hold.
+    fn whole_submission(&mut self, work: &[Work<'_>], members: &[usize]) -> Option<u32> {
+        let first = work[*members.first()?].id?;
+        let (key, _) = Batches::locate((*self.held.get(first.index())?)?);
+        if self.batches.open(key) != members.len() || !self.batches.is_lent(key) {
+            return None;
+        }
+        for (position, &m) in members.iter().enumerate() {
+            let id = work[m].id?;
+            let part = (*self.held.get(id.index())?)?;
+            if Batches::locate(part) != (key, position as u32) {
+                return None;
+            }
+        }
+        for &m in members {
+            if let Some(held) = work[m].id.and_then(|id| self.held.get_mut(id.index())) {
+                *held = None;
+            }
+        }
+        Some(key)
+    }
+
     /// The tensor `id` this rank holds.
     fn take_entry(&mut self, id: TensorId) -> Option<Entry> {
         let part = self.held.get_mut(id.index())?.take()?;
@@ -497,6 +522,16 @@ impl<B: Backend> Engine<B> {
             Vec::new()
         };
         self.timeline.activity_end_all(&names);
+        if kind == RequestKind::Allreduce
+            && !self.timeline.is_enabled()
+            && !crate::device::on_device(head)
+        {
+            if let Some(key) = self.whole_submission(work, members) {
+                self.shared.stats.lock().record_operation(members.len());
+                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
+                return;
+            }
+        }
         let slots = self.take_entries(work, members);
         if kind != RequestKind::Join {
             self.shared.stats.lock().record_operation(slots.len());

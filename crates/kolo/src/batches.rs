@@ -75,6 +75,69 @@ impl Batches {
         PartRef { batch: key, index }
     }
 
+    /// The submission and index of `part`.
+    pub(crate) fn locate(part: PartRef) -> (u32, u32) {
+        (part.batch, part.index)
+    }
+
+    /// Tensors of submission `key` the engine still has to complete.
+    pub(crate) fn open(&self, key: u32) -> usize {
+        match self.slots.get(key as usize) {
+            Some(Some(batch)) => batch.open,
+            _ => 0,
+        }
+    }
+
+    /// All of submission `key`'s lent memory as `T`s (see
+    /// [`Inputs::lent_views`]).
+    pub(crate) fn lent_views<T: kolo_transport::Element>(
+        &mut self,
+        key: u32,
+    ) -> Option<Vec<&mut [T]>> {
+        match self.slots.get_mut(key as usize) {
+            Some(Some(batch)) => batch.inputs.lent_views::<T>(),
+            _ => None,
+        }
+    }
+
+    /// True when submission `key`'s inputs are lent tensors (segments).
+    pub(crate) fn is_lent(&self, key: u32) -> bool {
+        matches!(
+            self.slots.get(key as usize),
+            Some(Some(Batch {
+                inputs: Inputs::Lent { .. },
+                ..
+            }))
+        )
+    }
+
+    /// The element counts of submission `key`'s lent tensors (empty for
+    /// other inputs).
+    pub(crate) fn sizes(&self, key: u32) -> Vec<usize> {
+        match self.slots.get(key as usize) {
+            Some(Some(batch)) => batch.inputs.lent_lens(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Completes every open tensor of submission `key` with `result` (a
+    /// success without output, or each tensor's error made from its name)
+    /// and lets it go.
+    pub(crate) fn complete_whole<F: Fn(&str) -> Error>(&mut self, key: u32, result: Result<(), F>) {
+        let Some(slot) = self.slots.get_mut(key as usize) else {
+            return;
+        };
+        if let Some(mut batch) = slot.take() {
+            self.free.push(key);
+            let n = batch.completion.names().len() as u32;
+            match result {
+                Ok(()) => batch.completion.complete_ok(0..n),
+                Err(error) => batch.completion.fail_open(error),
+            }
+            batch.open = 0;
+        }
+    }
+
     /// Takes `part`'s input (nothing if taken before or unknown).
     pub(crate) fn take_input(&mut self, part: PartRef) -> Input {
         match self.slots.get_mut(part.batch as usize) {

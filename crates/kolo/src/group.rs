@@ -195,6 +195,40 @@ impl Inputs {
         self.push(Input::Lent(Lent::new(data)));
     }
 
+    /// The element counts of lent segments (empty for other inputs).
+    pub(crate) fn lent_lens(&self) -> Vec<usize> {
+        match self {
+            Inputs::Lent { segments, .. } => segments.iter().map(|s| s.len).collect(),
+            Inputs::Each(_) => Vec::new(),
+        }
+    }
+
+    /// Every tensor's lent memory as `T`s, if the inputs are lent `T`s;
+    /// each segment is taken (left empty), as by [`Inputs::take`].
+    pub(crate) fn lent_views<T: kolo_transport::Element>(&mut self) -> Option<Vec<&mut [T]>> {
+        let Inputs::Lent { element, segments } = self else {
+            return None;
+        };
+        if *element != TypeId::of::<T>() && !segments.is_empty() {
+            return None;
+        }
+        Some(
+            segments
+                .iter_mut()
+                .map(|s| {
+                    let len = std::mem::take(&mut s.len);
+                    // SAFETY: the segment holds the address and length of
+                    // a `&mut [T]` lent for this submission (its element
+                    // type checked above), whose lease is out until the
+                    // submission's last tensor completes — after the
+                    // caller is done with this view. The length is zeroed,
+                    // so no second view of the memory is made from here.
+                    unsafe { std::slice::from_raw_parts_mut(s.ptr.as_ptr().cast::<T>(), len) }
+                })
+                .collect(),
+        )
+    }
+
     /// Takes tensor `index`'s input, leaving nothing (a lent segment keeps
     /// its address with no elements).
     pub(crate) fn take(&mut self, index: usize) -> Input {

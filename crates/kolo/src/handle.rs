@@ -259,6 +259,7 @@ pub(crate) struct Part {
 
 impl Part {
     /// Completes this tensor with `result`.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn complete(mut self, result: Result<Payload, Error>) {
         if let Some(completion) = self.completion.take() {
             completion.complete_parts([(self.index, result)]);

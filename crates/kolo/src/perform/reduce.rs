@@ -131,6 +131,60 @@ impl<B: Backend> Engine<B> {
         self.batches.complete(done);
     }
 
+    /// Allreduces every tensor of the held submission `key` (taken out of
+    /// the hold by the caller) as one collective straight over its lent
+    /// memory; `head` is the first response of the fused group. Inputs
+    /// that are not lent tensors of `T` (a kolo bug: every rank's request
+    /// named this dtype) fail the submission's tensors — after this rank
+    /// still took part in the collective with the op's identity, so that
+    /// no peer waits for it.
+    pub(crate) fn allreduce_whole<T: Element>(&mut self, head: &Response, key: u32) {
+        let device = kolo_protocol::Device::Cpu;
+        let result = match self.batches.lent_views::<T>(key) {
+            Some(mut views) => kolo_fusion::fused_allreduce(
+                &mut self.backend,
+                &mut self.buffers,
+                device,
+                &mut views,
+                head.reduce_op,
+                scale_of(head),
+                &mut |_, _| {},
+            ),
+            None => {
+                // The same segments as every peer's, of the op's identity.
+                let mut stand_ins: Vec<Vec<T>> = self
+                    .batches
+                    .sizes(key)
+                    .into_iter()
+                    .map(|n| vec![T::identity(head.reduce_op); n])
+                    .collect();
+                let mut views: Vec<&mut [T]> =
+                    stand_ins.iter_mut().map(Vec::as_mut_slice).collect();
+                let _ = kolo_fusion::fused_allreduce(
+                    &mut self.backend,
+                    &mut self.buffers,
+                    device,
+                    &mut views,
+                    head.reduce_op,
+                    scale_of(head),
+                    &mut |_, _| {},
+                );
+                Err(kolo_fusion::FusionError::Transport(
+                    kolo_transport::TransportError::Backend(format!(
+                        "internal: the tensors are not lent {}",
+                        T::DTYPE
+                    )),
+                ))
+            }
+        };
+        // The submission counts its tensors in only now, after the
+        // collective's last access to their memory.
+        self.batches.complete_whole(
+            key,
+            result.map_err(|e| move |name: &str| Error::collective(name, e.clone())),
+        );
+    }
+
     /// Reduce-scatters the response's tensors, fused: each rank keeps its
     /// share of the first dimension (Horovod's split, see
     /// [`split_rows`]).

@@ -115,10 +115,27 @@ fn set(words: &mut [u64], start: usize, bit: usize) {
     }
 }
 
+/// How many of the first `count` bits of the group at `start` are set.
+fn count_ones(words: &[u64], start: usize, count: usize) -> usize {
+    let group = words.get(start..).unwrap_or(&[]);
+    let full = count / 64;
+    let mut n: usize = group
+        .iter()
+        .take(full)
+        .map(|w| w.count_ones() as usize)
+        .sum();
+    if count % 64 != 0 {
+        if let Some(last) = group.get(full) {
+            n += (last & ((1u64 << (count % 64)) - 1)).count_ones() as usize;
+        }
+    }
+    n
+}
+
 /// The set bits among the first `count` of the group at `start`, ascending
 /// (word by word: a cycle's decode costs the set bits, not the capacity).
 fn ones(words: &[u64], start: usize, count: usize) -> Vec<usize> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(count_ones(words, start, count));
     let group = words.get(start..).unwrap_or(&[]);
     for (w, &word) in group.iter().take(words_for(count)).enumerate() {
         let mut rest = word;
@@ -252,14 +269,23 @@ impl BitLayout {
                 .collect()
         };
         let flags = words[self.flags_start()];
+        let hits_all = ones(&words, 0, self.capacity);
         CycleBits {
             shutdown_ranks: ranks(self.shutdown_start()),
             joined_ranks: ranks(self.joined_start()),
             any_uncached: flags >> FLAG_UNCACHED & 1 == 1,
             gather_requested: flags >> FLAG_GATHER & 1 == 1,
             invalid: ones(&words, self.invalid_start(), self.capacity),
-            hits_all: ones(&words, 0, self.capacity),
-            hits_any: ones(&words, self.hits_any_start(), self.capacity),
+            hits_all: hits_all.clone(),
+            // Every rank's hit is some rank's: when there are as many of
+            // the one as of the other, they are the same (the usual case,
+            // without a second pass).
+            hits_any: if count_ones(&words, self.hits_any_start(), self.capacity) == hits_all.len()
+            {
+                hits_all
+            } else {
+                ones(&words, self.hits_any_start(), self.capacity)
+            },
         }
     }
 }

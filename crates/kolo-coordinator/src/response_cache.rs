@@ -42,7 +42,6 @@ struct Entry {
     /// This rank's id for the tensor; `None` when this rank did not submit
     /// it (such an entry never hits here).
     id: Option<TensorId>,
-    response: Arc<Response>,
     /// This rank's parameters when the response was performed.
     params: Option<Params>,
 }
@@ -114,6 +113,9 @@ impl Lru {
 #[derive(Clone, Debug)]
 pub struct ResponseCache {
     slots: Vec<Option<Entry>>,
+    /// The response of each occupied slot, apart from the rest of the
+    /// entry: a cycle's hits read only these, densely.
+    responses: Vec<Option<Arc<Response>>>,
     by_name: HashMap<Arc<str>, usize>,
     /// Slot of each of this rank's ids.
     by_id: Vec<Option<usize>>,
@@ -140,6 +142,7 @@ impl ResponseCache {
     pub fn new(capacity: usize) -> Self {
         ResponseCache {
             slots: vec![None; capacity],
+            responses: vec![None; capacity],
             by_name: HashMap::new(),
             by_id: Vec::new(),
             free: (0..capacity).collect(),
@@ -195,7 +198,7 @@ impl ResponseCache {
 
     /// The response cached in `slot`.
     pub fn response(&self, slot: usize) -> Option<&Arc<Response>> {
-        self.slots.get(slot)?.as_ref().map(|entry| &entry.response)
+        self.responses.get(slot)?.as_ref()
     }
 
     /// The tensor name cached in `slot`.
@@ -305,9 +308,9 @@ impl ResponseCache {
         self.slots[slot] = Some(Entry {
             name: Arc::clone(name),
             id,
-            response,
             params,
         });
+        self.responses[slot] = Some(response);
         Some(slot)
     }
 
@@ -316,6 +319,7 @@ impl ResponseCache {
     pub fn erase(&mut self, slot: usize) {
         if let Some(Some(_)) = self.slots.get(slot) {
             self.unmap_id(slot);
+            self.responses[slot] = None;
             if let Some(entry) = self.slots[slot].take() {
                 self.generation += 1;
                 self.by_name.remove(&entry.name);

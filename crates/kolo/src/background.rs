@@ -503,10 +503,20 @@ impl<B: Backend> Engine<B> {
     /// Performs one group of the plan: fails its tensors, or runs its
     /// collective.
     fn perform(&mut self, coordinator: &Coordinator, work: &[Work<'_>], members: &[usize]) {
-        let parts: Vec<&Response> = members.iter().map(|&m| work[m].response).collect();
-        let Some(&head) = parts.first() else {
+        let Some(head) = members.first().map(|&m| work[m].response) else {
             return;
         };
+        // A repeated group: one fused allreduce over one whole submission
+        // of lent tensors, without reading the other responses.
+        let fused_allreduce = head.kind == ResponseKind::Op(RequestKind::Allreduce);
+        if fused_allreduce && !self.timeline.is_enabled() && !crate::device::on_device(head) {
+            if let Some(key) = self.whole_submission(work, members) {
+                self.shared.stats.lock().record_operation(members.len());
+                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
+                return;
+            }
+        }
+        let parts: Vec<&Response> = members.iter().map(|&m| work[m].response).collect();
         let ResponseKind::Op(kind) = head.kind else {
             for &m in members {
                 self.fail_tensors(&work[m]);
@@ -522,16 +532,6 @@ impl<B: Backend> Engine<B> {
             Vec::new()
         };
         self.timeline.activity_end_all(&names);
-        if kind == RequestKind::Allreduce
-            && !self.timeline.is_enabled()
-            && !crate::device::on_device(head)
-        {
-            if let Some(key) = self.whole_submission(work, members) {
-                self.shared.stats.lock().record_operation(members.len());
-                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
-                return;
-            }
-        }
         let slots = self.take_entries(work, members);
         if kind != RequestKind::Join {
             self.shared.stats.lock().record_operation(slots.len());

@@ -98,9 +98,11 @@ impl Shapes {
     }
 
     /// Appends a shape given as dimensions.
+    #[inline]
     fn push_dims(&mut self, dims: &[usize]) {
-        for &d in dims {
-            self.dims.push(d as u64);
+        match dims {
+            [d] => self.dims.push(*d as u64),
+            _ => self.dims.extend(dims.iter().map(|&d| d as u64)),
         }
         self.ends.push(self.dims.len() as u32);
     }

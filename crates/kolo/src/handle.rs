@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 /// sleeps on the condition variable: the engine completes a step's tensors
 /// within microseconds of each other, and sleeping would cost a futex
 /// wake-up and a context switch.
-const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(500);
 
 /// The engine's result for one tensor: its output buffer, type-erased.
 pub(crate) type Payload = Box<dyn Any + Send>;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// the engine returns a lease right after it completed the tensor's
 /// handle, so a scope that waited for the handle usually finds the lease
 /// back within microseconds, and sleeping would cost a futex wake-up.
-const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(500);
 
 /// The leases a scope gave out and not yet got back.
 #[derive(Default)]

@@ -376,12 +376,16 @@ impl Coordinator {
         // Every agreed slot is a hit of some rank: with as many hits as
         // agreed slots, nothing waits (the common case, checked without a
         // pass over the slots).
-        let waiting: Vec<(usize, String)> = if bits.hits_any.len() == agreed.len() {
+        let waiting: Vec<(usize, Arc<str>)> = if bits.hits_any.len() == agreed.len() {
             Vec::new()
         } else {
             sorted_difference(&bits.hits_any, agreed)
                 .filter(|s| bits.invalid.binary_search(s).is_err())
-                .filter_map(|slot| self.cache.name(slot).map(|name| (slot, name.to_owned())))
+                .filter_map(|slot| {
+                    self.cache
+                        .shared_name(slot)
+                        .map(|name| (slot, Arc::clone(name)))
+                })
                 .collect()
         };
         for stall in r0.cache_stalls.observe(&waiting, now, threshold) {

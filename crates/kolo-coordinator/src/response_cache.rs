@@ -206,6 +206,11 @@ impl ResponseCache {
         self.slots.get(slot)?.as_ref().map(|entry| &*entry.name)
     }
 
+    /// The tensor name cached in `slot`, shareable.
+    pub fn shared_name(&self, slot: usize) -> Option<&Arc<str>> {
+        self.slots.get(slot)?.as_ref().map(|entry| &entry.name)
+    }
+
     /// This rank's id for the tensor cached in `slot`.
     pub fn id(&self, slot: usize) -> Option<TensorId> {
         self.slots.get(slot)?.as_ref()?.id

@@ -16,7 +16,8 @@
 //! counted from when the slot first waited on the bit path.
 
 use crate::message_table::MessageTable;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A tensor that some ranks submitted and others did not.
@@ -114,11 +115,15 @@ impl StallInspector {
 }
 
 /// Rank 0's timer for cache slots that wait on the bit path (some ranks have
-/// a hit, not all).
+/// a hit, not all). Called every cycle, also while a fast rank waits for a
+/// slow one: it keeps its list between cycles and allocates nothing while
+/// the same slots keep waiting.
 #[derive(Clone, Debug, Default)]
 pub struct CachePathStalls {
-    /// Slot -> (tensor name, since when it has been waiting).
-    waiting: BTreeMap<usize, (String, Instant)>,
+    /// (slot, tensor name, since when it has been waiting), by slot.
+    waiting: Vec<(usize, Arc<str>, Instant)>,
+    /// The next list, built from the last one (kept for its allocation).
+    next: Vec<(usize, Arc<str>, Instant)>,
 }
 
 /// A cache slot that waited on the bit path for the threshold.
@@ -138,31 +143,35 @@ impl CachePathStalls {
         Self::default()
     }
 
-    /// Records this cycle's waiting slots (`(slot, tensor)`, some rank has a
-    /// hit that did not reach every rank) and returns those that have waited
-    /// at least `threshold` at `now`. Slots not waiting any more, or now
-    /// holding another tensor, restart.
+    /// Records this cycle's waiting slots (`(slot, tensor)`, ascending by
+    /// slot, some rank has a hit that did not reach every rank) and returns
+    /// those that have waited at least `threshold` at `now`. Slots not
+    /// waiting any more, or now holding another tensor, restart.
     pub fn observe(
         &mut self,
-        waiting: &[(usize, String)],
+        waiting: &[(usize, Arc<str>)],
         now: Instant,
         threshold: Duration,
     ) -> Vec<CachePathStall> {
-        let mut next = BTreeMap::new();
+        let mut last = self.waiting.iter().peekable();
+        self.next.clear();
         for (slot, tensor) in waiting {
-            let since = match self.waiting.get(slot) {
-                Some((name, since)) if name == tensor => *since,
+            while last.peek().is_some_and(|(s, ..)| s < slot) {
+                last.next();
+            }
+            let since = match last.peek() {
+                Some((s, name, since)) if s == slot && name == tensor => *since,
                 _ => now,
             };
-            next.insert(*slot, (tensor.clone(), since));
+            self.next.push((*slot, Arc::clone(tensor), since));
         }
-        self.waiting = next;
+        std::mem::swap(&mut self.waiting, &mut self.next);
         self.waiting
             .iter()
-            .filter(|(_, (_, since))| now.saturating_duration_since(*since) >= threshold)
-            .map(|(&slot, (tensor, since))| CachePathStall {
-                slot,
-                tensor: tensor.clone(),
+            .filter(|(_, _, since)| now.saturating_duration_since(*since) >= threshold)
+            .map(|(slot, tensor, since)| CachePathStall {
+                slot: *slot,
+                tensor: tensor.to_string(),
                 since: *since,
             })
             .collect()
@@ -240,13 +249,14 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         let th = Duration::from_secs(3);
         let mut timer = CachePathStalls::new();
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
         assert!(timer
-            .observe(&[(0, "a".into()), (1, "b".into())], at(0), th)
+            .observe(&[(0, a.clone()), (1, b.clone())], at(0), th)
             .is_empty());
         assert!(timer
-            .observe(&[(0, "a".into()), (1, "c".into())], at(2), th)
+            .observe(&[(0, a.clone()), (1, c.clone())], at(2), th)
             .is_empty());
-        let due = timer.observe(&[(0, "a".into()), (1, "c".into())], at(3), th);
+        let due = timer.observe(&[(0, a.clone()), (1, c.clone())], at(3), th);
         assert_eq!(
             due,
             vec![CachePathStall {
@@ -256,13 +266,8 @@ mod tests {
             }]
         );
         // Slot 0 settled (not waiting any more): forgotten.
-        assert!(timer.observe(&[(1, "c".into())], at(4), th).is_empty());
-        assert_eq!(
-            timer
-                .observe(&[(0, "a".into()), (1, "c".into())], at(5), th)
-                .len(),
-            1
-        );
+        assert!(timer.observe(&[(1, c.clone())], at(4), th).is_empty());
+        assert_eq!(timer.observe(&[(0, a), (1, c)], at(5), th).len(), 1);
     }
 
     proptest! {

@@ -230,11 +230,8 @@ impl Coordinator {
         for &slot in &bits.invalid {
             self.cache.erase(slot);
         }
-        let mut cached: Vec<Hit> = Vec::with_capacity(agreed.len());
-        for &slot in &agreed {
-            let id = self.pending.settle_hit(slot);
-            cached.push(Hit { slot, id });
-        }
+        let mut cached: Vec<Hit> = Vec::new();
+        self.pending.settle_hits(&agreed, &mut cached);
         // Stay cached until they are performed (after this cycle).
         self.cache.pin(&agreed);
         let gather = bits.needs_gather(self.size);

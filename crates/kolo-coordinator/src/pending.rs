@@ -12,6 +12,7 @@
 
 use crate::bit_vector::CycleBits;
 use crate::names::{Names, TensorId};
+use crate::output::Hit;
 use crate::response_cache::{Lookup, ResponseCache};
 use kolo_protocol::{Params, Request, RequestKind, Response};
 
@@ -107,6 +108,62 @@ fn at<T: Clone>(slots: &mut Vec<Option<T>>, index: usize) -> &mut Option<T> {
         slots.resize(index + 1, None);
     }
     &mut slots[index]
+}
+
+/// Bits being set in (or cleared from) one word of a bit set, kept in a
+/// register until a slot of another word comes, then applied to the set:
+/// a run of consecutive slots costs one read-modify-write per word instead
+/// of one per slot.
+struct WordFill {
+    /// Word index + 1 (0: none yet).
+    at: usize,
+    bits: u64,
+    clear: bool,
+}
+
+impl WordFill {
+    /// A fill that sets bits.
+    fn setting() -> Self {
+        WordFill {
+            at: 0,
+            bits: 0,
+            clear: false,
+        }
+    }
+
+    /// A fill that clears bits.
+    fn clearing() -> Self {
+        WordFill {
+            clear: true,
+            ..WordFill::setting()
+        }
+    }
+
+    /// Sets (or clears) `slot`'s bit, applying the pending word first if
+    /// `slot` lies in another.
+    #[inline]
+    fn mark(&mut self, words: &mut [u64], slot: usize) {
+        let at = slot / 64 + 1;
+        if at != self.at {
+            self.finish(words);
+            self.at = at;
+        }
+        self.bits |= 1 << (slot % 64);
+    }
+
+    /// Applies the pending bits to `words`.
+    #[inline]
+    fn finish(&mut self, words: &mut [u64]) {
+        if let Some(word) = self.at.checked_sub(1).and_then(|w| words.get_mut(w)) {
+            if self.clear {
+                *word &= !self.bits;
+            } else {
+                *word |= self.bits;
+            }
+        }
+        self.at = 0;
+        self.bits = 0;
+    }
 }
 
 impl PendingRequests {
@@ -256,6 +313,11 @@ impl PendingRequests {
     ) -> Vec<usize> {
         let mut invalid = Vec::new();
         let generation = cache.generation();
+        // The fast path keeps its counts and the bit word it is filling in
+        // registers (a repeated group's slots are mostly consecutive): no
+        // chain of loads and stores through `self` per request.
+        let mut settled = 0usize;
+        let mut word = WordFill::setting();
         for Submission { id, params } in submissions {
             match params {
                 Some(params) => *at(&mut self.last, id.index()) = Some(*params),
@@ -270,18 +332,25 @@ impl PendingRequests {
                             && state.memo_generation == generation;
                         if let (true, Some(hit @ None)) = (fresh, self.hits.get_mut(slot)) {
                             *hit = Some(id);
-                            self.hit_words[slot / 64] |= 1 << (slot % 64);
-                            self.hit_count += 1;
+                            word.mark(&mut self.hit_words, slot);
                             state.waiting = slot as u32;
                             state.in_flight = true;
-                            self.in_flight_count += 1;
+                            settled += 1;
                             continue;
                         }
                     }
                 }
             }
+            // The slow path reads and writes the counts and bits itself.
+            word.finish(&mut self.hit_words);
+            self.hit_count += settled;
+            self.in_flight_count += settled;
+            settled = 0;
             self.intake_slow(id, cache, &mut invalid);
         }
+        word.finish(&mut self.hit_words);
+        self.hit_count += settled;
+        self.in_flight_count += settled;
         invalid
     }
 
@@ -370,6 +439,32 @@ impl PendingRequests {
             }
         }
         Some(id)
+    }
+
+    /// [`PendingRequests::settle_hit`] of every slot of `slots` (ascending,
+    /// every rank agreed on them), in order, appending its [`Hit`] to
+    /// `out`: one tight pass (counts and the bit word being cleared kept in
+    /// registers) for the many hits of a repeated step.
+    pub fn settle_hits(&mut self, slots: &[usize], out: &mut Vec<Hit>) {
+        out.reserve(slots.len());
+        let mut settled = 0usize;
+        let mut landed = 0usize;
+        let mut word = WordFill::clearing();
+        for &slot in slots {
+            let id = self.hits.get_mut(slot).and_then(Option::take);
+            if let Some(id) = id {
+                word.mark(&mut self.hit_words, slot);
+                settled += 1;
+                if let Some(state) = self.ids.get_mut(id.index()) {
+                    state.waiting = NO_SLOT;
+                    landed += usize::from(std::mem::replace(&mut state.in_flight, false));
+                }
+            }
+            out.push(Hit { slot, id });
+        }
+        word.finish(&mut self.hit_words);
+        self.hit_count -= settled;
+        self.in_flight_count -= landed;
     }
 
     /// The requests for rank 0, emptying the outbox: named through
@@ -580,5 +675,98 @@ mod tests {
         assert_eq!(outbox_names(&mut p), ["a", "a", "j"]);
         p.end_join_round();
         assert!(!p.joined());
+    }
+
+    /// `count` tensors t0, t1, ... cached in slots 0, 1, ... (2 elements
+    /// each), with their names.
+    fn many_cached(count: u32) -> (Names, ResponseCache) {
+        let mut names = Names::new();
+        let mut cache = ResponseCache::new(count as usize);
+        for id in 0..count {
+            names.register(TensorId(id), &format!("t{id}")).unwrap();
+            let name = names.shared(TensorId(id)).unwrap();
+            cache.insert(
+                name,
+                Some(TensorId(id)),
+                Arc::new(Response::error(format!("t{id}"), "")),
+                Some(params(2)),
+            );
+        }
+        (names, cache)
+    }
+
+    /// What a test can observe of a rank's pending requests.
+    fn observed(
+        p: &mut PendingRequests,
+        names: &Names,
+        count: u32,
+    ) -> (Vec<usize>, usize, Vec<bool>, Vec<String>) {
+        let pending = (0..count).map(|id| p.is_pending(TensorId(id))).collect();
+        let outbox = p
+            .take_outbox(names)
+            .into_iter()
+            .map(|r| r.tensor_name)
+            .collect();
+        (p.hit_slots(), p.len(), pending, outbox)
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The fast path of a repeat (no parameters) ends in the state the
+        /// full path gives the same request with its parameters, and
+        /// settling a set of slots at once equals settling them one by one.
+        #[test]
+        fn repeats_and_bulk_settles_match_the_one_by_one_path(
+            order in proptest::sample::subsequence((0u32..96).collect::<Vec<u32>>(), 0..96)
+                .prop_shuffle(),
+            changed in proptest::collection::vec(0u32..96, 0..4),
+            settle in proptest::sample::subsequence((0usize..96).collect::<Vec<usize>>(), 0..96),
+        ) {
+            let count = 96;
+            let (names, cache) = many_cached(count);
+            let mut warm = PendingRequests::new(1, count as usize);
+            // Every tensor once with its parameters: hits that leave each
+            // id's slot remembered.
+            warm.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
+            let all: Vec<usize> = (0..count as usize).collect();
+            let mut hits = Vec::new();
+            warm.settle_hits(&all, &mut hits);
+            prop_assert!(warm.is_empty());
+            let submissions = |fast: bool| -> Vec<Submission> {
+                order.iter().map(|&id| {
+                    if changed.contains(&id) {
+                        sub(id, 3)
+                    } else if fast {
+                        Submission { id: TensorId(id), params: None }
+                    } else {
+                        sub(id, 2)
+                    }
+                }).collect()
+            };
+            let mut fast = warm.clone();
+            let mut full = warm.clone();
+            let invalid_fast = fast.intake(submissions(true), &cache);
+            let invalid_full = full.intake(submissions(false), &cache);
+            prop_assert_eq!(invalid_fast, invalid_full);
+            // Every unchanged repeat is a hit on its own slot.
+            let mut expected: Vec<usize> = order
+                .iter()
+                .filter(|id| !changed.contains(id))
+                .map(|&id| id as usize)
+                .collect();
+            expected.sort_unstable();
+            prop_assert_eq!(fast.hit_slots(), expected);
+            let mut one_by_one = full.clone();
+            prop_assert_eq!(observed(&mut fast.clone(), &names, count), observed(&mut full.clone(), &names, count));
+            let mut bulk = Vec::new();
+            full.settle_hits(&settle, &mut bulk);
+            let single: Vec<Hit> = settle
+                .iter()
+                .map(|&slot| Hit { slot, id: one_by_one.settle_hit(slot) })
+                .collect();
+            prop_assert_eq!(bulk, single);
+            prop_assert_eq!(observed(&mut full, &names, count), observed(&mut one_by_one, &names, count));
+        }
     }
 }

@@ -184,6 +184,31 @@ impl Coordinator {
         shutdown: bool,
         now: Instant,
     ) -> Result<CycleOutput, CoordinatorError> {
+        Ok(
+            match self.cycle_deferring(ctrl, submissions, shutdown, now)? {
+                Cycle::Done(output) => output,
+                Cycle::Hits(agreement) => self.finish_cycle(agreement),
+            },
+        )
+    }
+
+    /// [`Coordinator::cycle`], except that a cycle whose outcome is only
+    /// cache hits (nothing gathered, invalidated, joined or shut down) ends
+    /// at the agreement: [`Cycle::Hits`] says which slots every rank
+    /// performs, and the rank's books (its pending requests settled, the
+    /// cache's order and pins, rank 0's stall watch) wait for
+    /// [`Coordinator::finish_cycle`], which must come before the next
+    /// cycle. An engine can so perform a repeated step first and keep the
+    /// books while its caller works. The slots' cached responses
+    /// ([`Coordinator::cache`]) stay valid until then: nothing changes the
+    /// cache in between.
+    pub fn cycle_deferring<C: Controller + ?Sized>(
+        &mut self,
+        ctrl: &mut C,
+        submissions: Vec<Submission>,
+        shutdown: bool,
+        now: Instant,
+    ) -> Result<Cycle, CoordinatorError> {
         if ctrl.rank() != self.rank || ctrl.size() != self.size {
             return Err(TransportError::InvalidArgument(format!(
                 "coordinator of rank {} of {} run over a controller of rank {} of {}",
@@ -230,11 +255,11 @@ impl Coordinator {
         for &slot in &bits.invalid {
             self.cache.erase(slot);
         }
-        let mut cached: Vec<Hit> = Vec::new();
-        self.pending.settle_hits(&agreed, &mut cached);
-        // Stay cached until they are performed (after this cycle).
-        self.cache.pin(&agreed);
         let gather = bits.needs_gather(self.size);
+        if !gather && !joined_any && bits.invalid.is_empty() && bits.shutdown_ranks.is_empty() {
+            return Ok(Cycle::Hits(Agreement { bits, agreed, now }));
+        }
+        let cached = self.settle(&agreed);
         let mut output = CycleOutput {
             shutdown_ranks: bits.shutdown_ranks.clone(),
             stats: CycleStats {
@@ -250,18 +275,58 @@ impl Coordinator {
             from_rank0 = list.responses;
             output.events = events;
         }
-        self.watch_cache_path(&bits, &agreed, now);
-        if self.rank0.is_some() && self.config.events {
-            output.events.extend(cached_events(&self.cache, &cached));
-        }
-        output.responses = self.apply(from_rank0, &agreed, joined_any);
-        output.hits = cached;
-        output.shutdown = output.stall_shutdown || !output.shutdown_ranks.is_empty();
+        self.conclude(&mut output, &bits, &agreed, cached, from_rank0, now);
         if everyone_joined {
             self.pending.end_join_round();
         }
         self.warn_stalls(&bits, everyone_joined, now);
-        Ok(output)
+        Ok(Cycle::Done(output))
+    }
+
+    /// Ends a cycle that [`Coordinator::cycle_deferring`] left at its
+    /// agreement: what [`Coordinator::cycle`] would have returned.
+    pub fn finish_cycle(&mut self, agreement: Agreement) -> CycleOutput {
+        let Agreement { bits, agreed, now } = agreement;
+        let cached = self.settle(&agreed);
+        let mut output = CycleOutput {
+            stats: CycleStats {
+                gathered: false,
+                cache_hits: cached.len(),
+            },
+            ..CycleOutput::default()
+        };
+        self.conclude(&mut output, &bits, &agreed, cached, Vec::new(), now);
+        self.warn_stalls(&bits, false, now);
+        output
+    }
+
+    /// Settles this rank's requests on the agreed slots and pins the slots
+    /// until they are performed (after this cycle).
+    fn settle(&mut self, agreed: &[usize]) -> Vec<Hit> {
+        let mut cached = Vec::new();
+        self.pending.settle_hits(agreed, &mut cached);
+        self.cache.pin(agreed);
+        cached
+    }
+
+    /// The rest of a cycle after the agreement (and rank 0's decision):
+    /// rank 0's cache-path watch and events, the agreed sequence applied.
+    fn conclude(
+        &mut self,
+        output: &mut CycleOutput,
+        bits: &CycleBits,
+        agreed: &[usize],
+        cached: Vec<Hit>,
+        from_rank0: Vec<Response>,
+        now: Instant,
+    ) {
+        self.watch_cache_path(bits, agreed, now);
+        if self.rank0.is_some() && self.config.events {
+            output.events.extend(cached_events(&self.cache, &cached));
+        }
+        output.responses = self.apply(from_rank0, agreed, bits.any_joined());
+        output.hits = cached;
+        output.shutdown = output.stall_shutdown || !output.shutdown_ranks.is_empty();
     }
 
     /// Gathers the request lists to rank 0, which negotiates and broadcasts
@@ -419,6 +484,33 @@ impl Coordinator {
                 report.message()
             );
         }
+    }
+}
+
+/// What [`Coordinator::cycle_deferring`] returns.
+#[derive(Debug)]
+pub enum Cycle {
+    /// The whole cycle, as [`Coordinator::cycle`] returns it.
+    Done(CycleOutput),
+    /// Only cache hits were agreed; the cycle ends with
+    /// [`Coordinator::finish_cycle`].
+    Hits(Agreement),
+}
+
+/// A cycle of cache hits only, agreed by every rank and not yet settled
+/// (see [`Coordinator::cycle_deferring`]).
+#[derive(Debug)]
+pub struct Agreement {
+    bits: CycleBits,
+    agreed: Vec<usize>,
+    now: Instant,
+}
+
+impl Agreement {
+    /// The cache slots every rank performs now, ascending: the same list
+    /// [`CycleOutput::hits`] will give, slot by slot.
+    pub fn slots(&self) -> &[usize] {
+        &self.agreed
     }
 }
 

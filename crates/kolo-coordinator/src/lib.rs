@@ -95,7 +95,7 @@ pub mod response_cache;
 pub mod stall;
 
 pub use config::CoordinatorConfig;
-pub use cycle::Coordinator;
+pub use cycle::{Agreement, Coordinator, Cycle};
 pub use error::CoordinatorError;
 pub use names::{NameError, Names, TensorId};
 pub use output::{Agreed, CycleOutput, CycleStats, Hit, NegotiationEvent};

@@ -14,7 +14,8 @@ use crate::handle::Payload;
 use crate::table::{Entry, Input, Taken};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
-    Agreed, Coordinator, CoordinatorError, CycleOutput, Hit, NegotiationEvent, Submission, TensorId,
+    Agreed, Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Hit, NegotiationEvent,
+    Submission, TensorId,
 };
 use kolo_fusion::{Edge, FusionBuffers, Phase};
 use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
@@ -105,11 +106,19 @@ impl<'c> ParamsOf<'c> {
 /// the same threshold give the same plan (it is a pure function of the
 /// responses), so a training step that repeats the last one reuses it
 /// without reading a response.
+///
+/// When that plan was one fused allreduce run straight over one whole
+/// submission of lent tensors, `whole` keeps that submission's ids (the
+/// tensor table hands a repeated group the same `Arc` each time, and
+/// holding it keeps the pointer from being reused): a later cycle agreeing
+/// on the same slots, with that group held whole again, is performed
+/// before the coordinator settles its books (see [`Background::serve`]).
 #[derive(Default)]
 struct PlanMemo {
     slots: Vec<usize>,
     generation: u64,
     plan: Option<kolo_fusion::FusionPlan>,
+    whole: Option<Arc<[TensorId]>>,
 }
 
 /// Closes the tensor table if the background thread unwinds, so that no
@@ -216,13 +225,13 @@ impl<B: Backend> Background<B> {
                 };
             }
             let busy = !requests.is_empty();
-            let output = match self.coordinator.cycle(
+            let cycle = match self.coordinator.cycle_deferring(
                 &mut self.engine.backend,
                 requests,
                 self.shutdown_requested,
                 Instant::now(),
             ) {
-                Ok(output) => output,
+                Ok(cycle) => cycle,
                 Err(CoordinatorError::Transport(e)) => return Error::from_transport(e),
                 Err(other) => {
                     return Error::Transport(kolo_transport::TransportError::Backend(
@@ -230,20 +239,44 @@ impl<B: Backend> Background<B> {
                     ))
                 }
             };
-            self.engine.record_cycle(&output, busy);
-            let CycleOutput {
-                responses,
-                hits,
-                shutdown,
-                shutdown_ranks,
-                ..
-            } = output;
-            self.engine
-                .perform_all(&self.coordinator, &responses, &hits);
-            if shutdown {
+            let output = match cycle {
+                Cycle::Done(output) => {
+                    self.engine.record_cycle(&output, busy);
+                    self.engine
+                        .perform_all(&self.coordinator, &output.responses, &output.hits);
+                    output
+                }
+                Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
+            };
+            if output.shutdown {
                 return Error::ShutDown {
-                    by_ranks: shutdown_ranks,
+                    by_ranks: output.shutdown_ranks,
                 };
+            }
+        }
+    }
+
+    /// Ends a cycle of cache hits only. A step that repeats the last one
+    /// performed whole ([`Engine::perform_repeat`]) completes before the
+    /// coordinator settles its books: the user's next step starts while
+    /// this thread finishes the cycle. Otherwise the cycle ends first and
+    /// its hits are performed as any cycle's.
+    fn repeat_or_perform(&mut self, agreement: Agreement, busy: bool) -> CycleOutput {
+        match self
+            .engine
+            .perform_repeat(&self.coordinator, agreement.slots())
+        {
+            Some(ids) => {
+                let output = self.coordinator.finish_cycle(agreement);
+                self.engine.repeated(&self.coordinator, &ids);
+                output
+            }
+            None => {
+                let output = self.coordinator.finish_cycle(agreement);
+                self.engine.record_cycle(&output, busy);
+                self.engine
+                    .perform_all(&self.coordinator, &output.responses, &output.hits);
+                output
             }
         }
     }
@@ -342,7 +375,7 @@ impl<B: Backend> Engine<B> {
                 requests.push(q.submission(index));
             }
             let ids = Arc::clone(&q.ids);
-            let key = self.batches.add(q.completion, n, q.inputs);
+            let key = self.batches.add(q.completion, Arc::clone(&ids), q.inputs);
             if let Some(max) = ids.iter().map(|id| id.index()).max() {
                 if self.held.len() <= max {
                     self.held.resize(max + 1, None);
@@ -427,15 +460,80 @@ impl<B: Backend> Engine<B> {
                 kolo_fusion::plan_groups(&refs, self.fusion_threshold)
             }
         };
+        let mut whole = None;
         for members in plan.groups() {
-            self.perform(coordinator, &work, members);
+            whole = self.perform(coordinator, &work, members);
         }
+        let one_group = {
+            let mut groups = plan.groups();
+            matches!((groups.next(), groups.next()), (Some(g), None) if g.len() == work.len())
+        };
+        self.plan.whole = whole.filter(|_| decided.is_empty() && one_group);
         if decided.is_empty() {
             self.plan.slots.clear();
             self.plan.slots.extend(hits.iter().map(|h| h.slot));
             self.plan.generation = cache.generation();
             self.plan.plan = Some(plan);
         }
+    }
+
+    /// Performs a cycle agreed on cache `slots` alone, before the
+    /// coordinator settles it, if it repeats the last cycle's plan of one
+    /// allreduce over one whole submission (see [`PlanMemo`]) and that
+    /// submission is held whole again; returns its ids, whose hold
+    /// [`Engine::repeated`] clears once the cycle is settled. `None` (the
+    /// cycle is not such a repeat) performs nothing.
+    ///
+    /// Every rank's agreement names the same slots; whether a rank takes
+    /// this path is its own business: the collective is the one
+    /// [`Engine::perform_all`] runs for the same group.
+    fn perform_repeat(
+        &mut self,
+        coordinator: &Coordinator,
+        slots: &[usize],
+    ) -> Option<Arc<[TensorId]>> {
+        let cache = coordinator.cache();
+        let ids = self.plan.whole.as_ref()?;
+        if self.timeline.is_enabled()
+            || self.plan.generation != cache.generation()
+            || self.plan.slots != slots
+            || ids.len() != slots.len()
+        {
+            return None;
+        }
+        let (key, _) = Batches::locate((*self.held.get(ids.first()?.index())?)?);
+        let held = self.batches.ids(key)?;
+        if !Arc::ptr_eq(held, ids)
+            || self.batches.open(key) != ids.len()
+            || !self.batches.is_lent(key)
+        {
+            return None;
+        }
+        let head = cache.response(*slots.first()?)?;
+        if head.kind != ResponseKind::Op(RequestKind::Allreduce) || crate::device::on_device(head) {
+            return None;
+        }
+        let ids = Arc::clone(ids);
+        {
+            let mut stats = self.shared.stats.lock();
+            stats.cycles += 1;
+            stats.cache_hits += slots.len() as u64;
+            stats.record_operation(slots.len());
+        }
+        with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
+        Some(ids)
+    }
+
+    /// After a cycle [`Engine::perform_repeat`] performed and the
+    /// coordinator settled: the group's tensors leave the hold, and the
+    /// plan stays memoized against the cache as it now is.
+    fn repeated(&mut self, coordinator: &Coordinator, ids: &[TensorId]) {
+        for id in ids {
+            if let Some(held) = self.held.get_mut(id.index()) {
+                *held = None;
+            }
+        }
+        self.plan.generation = coordinator.cache().generation();
     }
 
     /// Takes this rank's entries for the tensors of `members` out of the
@@ -501,19 +599,24 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Performs one group of the plan: fails its tensors, or runs its
-    /// collective.
-    fn perform(&mut self, coordinator: &Coordinator, work: &[Work<'_>], members: &[usize]) {
-        let Some(head) = members.first().map(|&m| work[m].response) else {
-            return;
-        };
+    /// collective. Returns the submission's ids when the group ran as one
+    /// allreduce over a whole submission.
+    fn perform(
+        &mut self,
+        coordinator: &Coordinator,
+        work: &[Work<'_>],
+        members: &[usize],
+    ) -> Option<Arc<[TensorId]>> {
+        let head = members.first().map(|&m| work[m].response)?;
         // A repeated group: one fused allreduce over one whole submission
         // of lent tensors, without reading the other responses.
         let fused_allreduce = head.kind == ResponseKind::Op(RequestKind::Allreduce);
         if fused_allreduce && !self.timeline.is_enabled() && !crate::device::on_device(head) {
             if let Some(key) = self.whole_submission(work, members) {
+                let ids = self.batches.ids(key).map(Arc::clone);
                 self.shared.stats.lock().record_operation(members.len());
                 with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
-                return;
+                return ids;
             }
         }
         let parts: Vec<&Response> = members.iter().map(|&m| work[m].response).collect();
@@ -521,7 +624,7 @@ impl<B: Backend> Engine<B> {
             for &m in members {
                 self.fail_tensors(&work[m]);
             }
-            return;
+            return None;
         };
         let names: Vec<&str> = if self.timeline.is_enabled() {
             parts
@@ -541,7 +644,7 @@ impl<B: Backend> Engine<B> {
         if crate::device::on_device(head) {
             let fused = kolo_fusion::fuse(&parts);
             self.perform_device(kind, &fused, slots, params);
-            return;
+            return None;
         }
         match kind {
             RequestKind::Allreduce => {
@@ -581,6 +684,7 @@ impl<B: Backend> Engine<B> {
                 self.batches.complete(done);
             }
         }
+        None
     }
 
     /// Fails the tensors of an error response with its message.

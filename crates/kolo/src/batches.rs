@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::group::Inputs;
 use crate::handle::{Completion, Part, Payload};
 use crate::table::Input;
+use kolo_coordinator::TensorId;
 use std::sync::Arc;
 
 /// One tensor of a held submission.
@@ -27,6 +28,9 @@ pub(crate) struct PartRef {
 /// still the engine's to complete.
 struct Batch {
     completion: Arc<Completion>,
+    /// The tensors, in part order (shared with the table's group memo for
+    /// a repeated group).
+    ids: Arc<[TensorId]>,
     inputs: Inputs,
     open: usize,
 }
@@ -50,13 +54,19 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    /// Holds `completion`, whose `parts` tensors (with `inputs`) the
-    /// engine now completes; returns its key.
-    pub(crate) fn add(&mut self, completion: Arc<Completion>, parts: usize, inputs: Inputs) -> u32 {
+    /// Holds `completion`, whose tensors `ids` (with `inputs`) the engine
+    /// now completes; returns its key.
+    pub(crate) fn add(
+        &mut self,
+        completion: Arc<Completion>,
+        ids: Arc<[TensorId]>,
+        inputs: Inputs,
+    ) -> u32 {
         let batch = Some(Batch {
             completion,
+            open: ids.len(),
+            ids,
             inputs,
-            open: parts,
         });
         match self.free.pop() {
             Some(key) => {
@@ -78,6 +88,14 @@ impl Batches {
     /// The submission and index of `part`.
     pub(crate) fn locate(part: PartRef) -> (u32, u32) {
         (part.batch, part.index)
+    }
+
+    /// The tensors of submission `key`, in part order.
+    pub(crate) fn ids(&self, key: u32) -> Option<&Arc<[TensorId]>> {
+        match self.slots.get(key as usize) {
+            Some(Some(batch)) => Some(&batch.ids),
+            _ => None,
+        }
     }
 
     /// Tensors of submission `key` the engine still has to complete.
@@ -255,6 +273,10 @@ mod tests {
         Completion::new(Arc::new(names), false, None)
     }
 
+    fn ids(n: usize) -> Arc<[TensorId]> {
+        (0..n as u32).map(TensorId).collect()
+    }
+
     fn none(n: usize) -> Inputs {
         Inputs::Each((0..n).map(|_| Input::None).collect())
     }
@@ -268,8 +290,8 @@ mod tests {
         let (a, b) = (submission(3), submission(1));
         let mut batches = Batches::default();
         let (ka, kb) = (
-            batches.add(Arc::clone(&a), 3, none(3)),
-            batches.add(Arc::clone(&b), 1, none(1)),
+            batches.add(Arc::clone(&a), ids(3), none(3)),
+            batches.add(Arc::clone(&b), ids(1), none(1)),
         );
         let ok = || Ok(Box::new(()) as Payload);
         batches.complete([(Batches::part(ka, 0), ok())]);
@@ -285,16 +307,16 @@ mod tests {
         assert_eq!(outcome(&a), Ok(()));
         // A freed key serves the next submission.
         let c = submission(2);
-        assert!([ka, kb].contains(&batches.add(c, 2, none(2))));
+        assert!([ka, kb].contains(&batches.add(c, ids(2), none(2))));
     }
 
     #[test]
     fn dropped_or_failed_submissions_fail_their_open_tensors() {
         let (a, b) = (submission(2), submission(2));
         let mut batches = Batches::default();
-        let ka = batches.add(Arc::clone(&a), 2, none(2));
+        let ka = batches.add(Arc::clone(&a), ids(2), none(2));
         batches.complete([(Batches::part(ka, 0), Ok(Box::new(()) as Payload))]);
-        batches.add(Arc::clone(&b), 2, none(2));
+        batches.add(Arc::clone(&b), ids(2), none(2));
         drop(batches);
         match outcome(&a) {
             Err(Error::Collective { tensor, .. }) => assert_eq!(tensor, "t1"),
@@ -302,7 +324,7 @@ mod tests {
         }
         let c = submission(1);
         let mut batches = Batches::default();
-        batches.add(Arc::clone(&c), 1, none(1));
+        batches.add(Arc::clone(&c), ids(1), none(1));
         batches.fail_all(&Error::ShutDown { by_ranks: vec![1] });
         assert_eq!(outcome(&c), Err(Error::ShutDown { by_ranks: vec![1] }));
         assert!(b.is_done());

@@ -350,15 +350,47 @@ impl TensorNames {
             let Some(have) = text.get(start..end) else {
                 return false;
             };
-            // Byte by byte: names are short, and a call to `memcmp` per
-            // name would cost more than the comparison.
             let name = name.as_bytes();
-            if have.len() != name.len() || have.iter().zip(name).any(|(a, b)| a != b) {
+            if have.len() != name.len() || !same_bytes(have, name) {
                 return false;
             }
             start = end;
         }
         true
+    }
+}
+
+/// `a == b` for slices of equal length, in a few word loads: names are
+/// short, and a call to `memcmp` per name (a training step checks every
+/// name of a repeated group) costs more than the comparison. Two
+/// overlapping loads cover a name of up to twice the word size; longer
+/// ones go word by word.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    fn word(s: &[u8], at: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    }
+    fn half(s: &[u8], at: usize) -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u32::from_ne_bytes(w)
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    match n {
+        0 => true,
+        // Bytes 0, n/2 and n-1 are every byte.
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => {
+            let whole = (0..n / 8).all(|k| word(a, 8 * k) == word(b, 8 * k));
+            whole && word(a, n - 8) == word(b, n - 8)
+        }
     }
 }
 
@@ -471,6 +503,26 @@ impl<O> std::fmt::Debug for Handle<'_, O> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn same_bytes_is_slice_equality(
+            a in prop::collection::vec(any::<u8>(), 0..40),
+            flip in any::<prop::sample::Index>(),
+            bit in 0u8..8,
+            differ: bool,
+        ) {
+            let mut b = a.clone();
+            if differ && !b.is_empty() {
+                let at = flip.index(b.len());
+                b[at] ^= 1 << bit;
+            }
+            prop_assert_eq!(same_bytes(&a, &b), a == b);
+            prop_assert!(same_bytes(&a, &a));
+            prop_assert!(!same_bytes(&a, &[&a[..], b"x"].concat()));
+        }
+    }
 
     fn names(n: usize) -> Arc<TensorNames> {
         let mut names = TensorNames::with_capacity(n);

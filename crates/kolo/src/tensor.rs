@@ -30,12 +30,19 @@ pub struct TensorMut<'a, T> {
 }
 
 /// What is wrong with `shape` for a buffer of `len` elements, if anything.
+/// (Inline for the usual 1-D case: a group checks every tensor.)
+#[inline]
 pub(crate) fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
-    if let [only] = shape {
-        if *only == len {
-            return None;
-        }
+    match shape {
+        [only] if *only == len => None,
+        _ => shape_problem_of_dims(shape, len),
     }
+}
+
+/// [`shape_problem`] for any shape.
+#[cold]
+#[inline(never)]
+fn shape_problem_of_dims(shape: &[usize], len: usize) -> Option<String> {
     match shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) {
         Some(n) if n == len => None,
         Some(n) => Some(format!(

@@ -176,3 +176,81 @@ pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
     assert_eq!(bufs[TENSORS - 1][0], n.powi(10));
     Ok(None)
 }
+
+/// A training loop's steady state: the same group of tensors every step,
+/// submitted as one grouped allreduce of borrowed memory (the engine's
+/// repeat path: the step is performed as soon as every rank agrees, the
+/// bookkeeping after), except that each rank now and then submits the
+/// same tensors one by one instead, and one step adds a tensor to the
+/// group. Every rank's way of submitting meets every other's in the same
+/// collective; every step's results are exact.
+pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
+    const TENSORS: usize = 12;
+    const STEPS: usize = 14;
+    let (r, n) = (kolo.rank(), kolo.size());
+    let names: Vec<String> = (0..TENSORS).map(|t| format!("repeat/{t}")).collect();
+    let sizes: Vec<usize> = (0..TENSORS).map(|t| 1 + (t * 37) % 300).collect();
+    let value =
+        |step: usize, rank: usize, t: usize, i: usize| ((step + 2 * rank + t + i) % 17) as f32;
+    let mut bits = Vec::new();
+    let before = kolo.stats();
+    for step in 0..STEPS {
+        let mut bufs: Vec<Vec<f32>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(t, &len)| (0..len).map(|i| value(step, r, t, i)).collect())
+            .collect();
+        let mut extra = vec![r as f32; 5];
+        if (step + r) % 4 == 3 {
+            let handles = names
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles.into_iter().try_for_each(|h| h.wait())?;
+            if step == 7 {
+                kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
+            }
+        } else {
+            let mut group: Vec<(&str, &mut [f32])> = names
+                .iter()
+                .map(String::as_str)
+                .zip(bufs.iter_mut().map(|b| &mut b[..]))
+                .collect();
+            if step == 7 {
+                group.push(("repeat/extra", &mut extra[..]));
+            }
+            kolo.grouped_allreduce(&mut group, ReduceOp::Sum)?;
+        }
+        for (t, buf) in bufs.iter().enumerate() {
+            for (i, &got) in buf.iter().enumerate() {
+                let want: f32 = (0..n).map(|rank| value(step, rank, t, i)).sum();
+                assert_eq!(
+                    got, want,
+                    "step {step}, tensor {t}, element {i} on rank {r}"
+                );
+            }
+            bits.extend(buf.iter().map(|v| u64::from(v.to_bits())));
+        }
+        if step == 7 {
+            let want = (n * (n - 1) / 2) as f32;
+            assert_eq!(
+                extra,
+                vec![want; 5],
+                "step {step}: the extra tensor on rank {r}"
+            );
+        }
+    }
+    let (_, tensors, _, hits) = delta(&before, &kolo.stats());
+    assert_eq!(
+        tensors,
+        (STEPS * TENSORS + 1) as u64,
+        "every tensor performed once a step"
+    );
+    if kolo.config().cache_capacity >= 4 * TENSORS {
+        // Warm steps are agreed by the cache (the extra tensor's one step
+        // is not; the first step, and on a slow rank the second, are cold).
+        assert!(hits >= ((STEPS - 2) * TENSORS) as u64, "{hits} cache hits");
+    }
+    Ok(Some(digest(bits)))
+}

@@ -44,6 +44,10 @@ const MAIN: &[Case] = &[
         "warm_cache_gathers_nothing",
         equivalence::warm_cache_gathers_nothing,
     ),
+    Case::new(
+        "repeated_steps_any_submission",
+        equivalence::repeated_steps_any_submission,
+    ),
     Case::new("timeline_operations", timeline::operations),
 ];
 

@@ -38,6 +38,15 @@
 //! - **Stalls.** See [`stall`]: warnings after `stall_warning`, error
 //!   responses and shutdown after `stall_shutdown`; tensors stuck on the
 //!   cache path are moved to rank 0's table after the shorter of the two.
+//! - **Ids.** Tensors are named once ([`Coordinator::register`]) and
+//!   requested by [`TensorId`]; a request without parameters repeats the
+//!   id's last ones. Cache hits come out as [`Hit`]s (a slot and this
+//!   rank's id) whose responses stay in the cache, read in place.
+//! - **Deferred books.** [`Coordinator::cycle_deferring`] ends a cycle of
+//!   cache hits only at the agreement ([`Cycle::Hits`]): the caller can
+//!   perform the agreed slots first and settle the cycle with
+//!   [`Coordinator::finish_cycle`] after (before the next cycle), which
+//!   returns what [`Coordinator::cycle`] would have.
 //!
 //! # Example
 //!

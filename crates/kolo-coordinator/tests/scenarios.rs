@@ -417,3 +417,111 @@ fn ranks_choose_their_own_ids() {
     let hits: usize = results[0].0[2].iter().map(|o| o.stats.cache_hits).sum();
     assert!(hits <= 4);
 }
+
+/// A warm step through `cycle_deferring` stops at the agreement with the
+/// slots every rank performs, and `finish_cycle` then returns what `cycle`
+/// returns for the same step (checked against a twin run that calls
+/// `cycle`); a cold step is `Done` at once; the next warm step agrees
+/// again (the books were settled).
+#[test]
+fn deferred_books_match_the_whole_cycle() {
+    use kolo_coordinator::{Cycle, Submission};
+    let results = run_ranks(2, &config(16), |rank, coord, ctrl| {
+        let reqs = || -> Vec<Request> {
+            ["x", "y", "z"]
+                .iter()
+                .map(|n| allreduce(rank, n, 4, ReduceOp::Sum))
+                .collect()
+        };
+        // A cold step fills the cache (through rank 0).
+        let cold = cycle_until(coord, ctrl, reqs(), 3, 10);
+        let ids: Vec<_> = ["x", "y", "z"]
+            .iter()
+            .map(|n| coord.names().id(n).expect("registered by the cold step"))
+            .collect();
+        let repeat = || ids.iter().map(|&id| Submission::repeat(id)).collect();
+        let mut deferred = Vec::new();
+        for _ in 0..2 {
+            match coord
+                .cycle_deferring(ctrl, repeat(), false, Instant::now())
+                .expect("deferred cycle")
+            {
+                Cycle::Hits(agreement) => {
+                    let slots = agreement.slots().to_vec();
+                    let responses: Vec<Response> = slots
+                        .iter()
+                        .map(|&s| (**coord.cache().response(s).expect("cached")).clone())
+                        .collect();
+                    let out = coord.finish_cycle(agreement);
+                    let hit_slots: Vec<usize> = out.hits.iter().map(|h| h.slot).collect();
+                    assert_eq!(hit_slots, slots, "the hits are the agreed slots");
+                    assert!(out
+                        .hits
+                        .iter()
+                        .zip(&slots)
+                        .all(|(h, &s)| coord.cache().id(s).is_some_and(|id| h.id == Some(id))));
+                    deferred.push((slots, responses, out.stats, out.shutdown, coord.pending()));
+                }
+                Cycle::Done(out) => panic!("a warm step went the whole way: {out:?}"),
+            }
+        }
+        // A new tensor cannot be deferred: it goes to rank 0.
+        let new = allreduce(rank, "w", 4, ReduceOp::Sum);
+        let id = coord.names().end();
+        let id = kolo_coordinator::TensorId(id);
+        coord.register(id, "w").expect("a new name");
+        let done = matches!(
+            coord
+                .cycle_deferring(
+                    ctrl,
+                    vec![Submission::new(id, kolo_protocol::Params::of(&new))],
+                    false,
+                    Instant::now()
+                )
+                .expect("cycle"),
+            Cycle::Done(_)
+        );
+        (cold, deferred, done)
+    });
+    let twins = run_ranks(2, &config(16), |rank, coord, ctrl| {
+        let reqs = || -> Vec<Request> {
+            ["x", "y", "z"]
+                .iter()
+                .map(|n| allreduce(rank, n, 4, ReduceOp::Sum))
+                .collect()
+        };
+        let _ = cycle_until(coord, ctrl, reqs(), 3, 10);
+        (0..2)
+            .map(|_| {
+                let out = coord
+                    .cycle_requests(ctrl, reqs(), false, Instant::now())
+                    .expect("cycle");
+                (
+                    responses(std::slice::from_ref(&out)),
+                    out.stats,
+                    out.shutdown,
+                    coord.pending(),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    for ((cold, deferred, done), twin) in results.iter().zip(&twins) {
+        assert_eq!(responses(cold).len(), 3);
+        assert!(*done, "a new tensor's cycle is Done");
+        assert_eq!(deferred.len(), 2);
+        for (
+            (slots, got, stats, shutdown, pending),
+            (want, twin_stats, twin_shutdown, twin_pending),
+        ) in deferred.iter().zip(twin)
+        {
+            assert_eq!(slots.len(), 3);
+            assert_eq!(got, want, "the same responses as the whole cycle's");
+            assert_eq!(stats, twin_stats);
+            assert_eq!(shutdown, twin_shutdown);
+            assert_eq!(pending, twin_pending);
+            assert_eq!(*pending, 0, "every request settled");
+            assert!(!stats.gathered);
+            assert_eq!(stats.cache_hits, 3);
+        }
+    }
+}

@@ -426,15 +426,16 @@ fn ranks_choose_their_own_ids() {
 #[test]
 fn deferred_books_match_the_whole_cycle() {
     use kolo_coordinator::{Cycle, Submission};
+    // Rank `rank`'s step: three small allreduces.
+    let step = |rank: usize| -> Vec<Request> {
+        ["x", "y", "z"]
+            .iter()
+            .map(|n| allreduce(rank, n, 4, ReduceOp::Sum))
+            .collect()
+    };
     let results = run_ranks(2, &config(16), |rank, coord, ctrl| {
-        let reqs = || -> Vec<Request> {
-            ["x", "y", "z"]
-                .iter()
-                .map(|n| allreduce(rank, n, 4, ReduceOp::Sum))
-                .collect()
-        };
         // A cold step fills the cache (through rank 0).
-        let cold = cycle_until(coord, ctrl, reqs(), 3, 10);
+        let cold = cycle_until(coord, ctrl, step(rank), 3, 10);
         let ids: Vec<_> = ["x", "y", "z"]
             .iter()
             .map(|n| coord.names().id(n).expect("registered by the cold step"))
@@ -484,17 +485,11 @@ fn deferred_books_match_the_whole_cycle() {
         (cold, deferred, done)
     });
     let twins = run_ranks(2, &config(16), |rank, coord, ctrl| {
-        let reqs = || -> Vec<Request> {
-            ["x", "y", "z"]
-                .iter()
-                .map(|n| allreduce(rank, n, 4, ReduceOp::Sum))
-                .collect()
-        };
-        let _ = cycle_until(coord, ctrl, reqs(), 3, 10);
+        let _ = cycle_until(coord, ctrl, step(rank), 3, 10);
         (0..2)
             .map(|_| {
                 let out = coord
-                    .cycle_requests(ctrl, reqs(), false, Instant::now())
+                    .cycle_requests(ctrl, step(rank), false, Instant::now())
                     .expect("cycle");
                 (
                     responses(std::slice::from_ref(&out)),

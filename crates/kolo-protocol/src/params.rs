@@ -98,15 +98,7 @@ impl Params {
     /// scale factors compared bit for bit (so that `NaN` equals itself and
     /// `-0.0` differs from `0.0`: a repeat must be exact).
     pub fn same_as(&self, other: &Params) -> bool {
-        self.kind == other.kind
-            && self.dtype == other.dtype
-            && same_dims(&self.shape, &other.shape)
-            && self.device == other.device
-            && self.root_rank == other.root_rank
-            && self.reduce_op == other.reduce_op
-            && self.prescale.to_bits() == other.prescale.to_bits()
-            && self.postscale.to_bits() == other.postscale.to_bits()
-            && same_dims(&self.splits, &other.splits)
+        self.same_as_with_shape(other, &other.shape)
     }
 
     /// True when these parameters are `template`'s with the shape `shape`

@@ -240,12 +240,7 @@ impl<B: Backend> Background<B> {
                 }
             };
             let output = match cycle {
-                Cycle::Done(output) => {
-                    self.engine.record_cycle(&output, busy);
-                    self.engine
-                        .perform_all(&self.coordinator, &output.responses, &output.hits);
-                    output
-                }
+                Cycle::Done(output) => self.perform_cycle(output, busy),
                 Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
             };
             if output.shutdown {
@@ -273,12 +268,17 @@ impl<B: Backend> Background<B> {
             }
             None => {
                 let output = self.coordinator.finish_cycle(agreement);
-                self.engine.record_cycle(&output, busy);
-                self.engine
-                    .perform_all(&self.coordinator, &output.responses, &output.hits);
-                output
+                self.perform_cycle(output, busy)
             }
         }
+    }
+
+    /// Counts a whole cycle and performs its responses and hits.
+    fn perform_cycle(&mut self, output: CycleOutput, busy: bool) -> CycleOutput {
+        self.engine.record_cycle(&output, busy);
+        self.engine
+            .perform_all(&self.coordinator, &output.responses, &output.hits);
+        output
     }
 
     /// Takes the commands waiting, blocking up to the cycle time for the

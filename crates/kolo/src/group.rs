@@ -149,19 +149,32 @@ impl Inputs {
         }
     }
 
+    /// Appends a segment while the inputs are lent tensors of `of` (or
+    /// none yet); false when they are not.
+    #[inline]
+    fn push_segment(&mut self, of: TypeId, ptr: NonNull<u8>, len: usize) -> bool {
+        let Inputs::Lent { element, segments } = self else {
+            return false;
+        };
+        if segments.is_empty() {
+            *element = of;
+        }
+        if *element != of {
+            return false;
+        }
+        segments.push(Segment { ptr, len });
+        true
+    }
+
     /// Appends one tensor's input.
     fn push(&mut self, input: Input) {
-        if let Inputs::Lent { element, segments } = self {
-            if let Input::Lent(lent) = &input {
-                let (ptr, len, of) = lent.parts();
-                if segments.is_empty() {
-                    *element = of;
-                }
-                if *element == of {
-                    segments.push(Segment { ptr, len });
-                    return;
-                }
+        if let Input::Lent(lent) = &input {
+            let (ptr, len, of) = lent.parts();
+            if self.push_segment(of, ptr, len) {
+                return;
             }
+        }
+        if let Inputs::Lent { element, segments } = self {
             // Not (or not uniformly) lent: tensor by tensor from now on.
             let element = *element;
             let each = segments
@@ -180,21 +193,12 @@ impl Inputs {
 
     /// Appends a lent tensor (as a segment while the inputs are lent
     /// tensors of `T`).
+    #[inline]
     fn push_lent<T: kolo_transport::Element>(&mut self, data: &mut [T]) {
-        if let Inputs::Lent { element, segments } = self {
-            let of = TypeId::of::<T>();
-            if segments.is_empty() {
-                *element = of;
-            }
-            if *element == of {
-                segments.push(Segment {
-                    len: data.len(),
-                    ptr: NonNull::from(data).cast(),
-                });
-                return;
-            }
+        let (ptr, len) = (NonNull::from(&mut *data).cast(), data.len());
+        if !self.push_segment(TypeId::of::<T>(), ptr, len) {
+            self.push(Input::Lent(Lent::new(data)));
         }
-        self.push(Input::Lent(Lent::new(data)));
     }
 
     /// The element counts of lent segments (empty for other inputs).
@@ -205,15 +209,21 @@ impl Inputs {
         }
     }
 
+    /// True when the inputs are lent tensors of `T` (or none at all).
+    pub(crate) fn lends<T: 'static>(&self) -> bool {
+        matches!(self, Inputs::Lent { element, segments }
+            if *element == TypeId::of::<T>() || segments.is_empty())
+    }
+
     /// Every tensor's lent memory as `T`s, if the inputs are lent `T`s;
     /// each segment is taken (left empty), as by [`Inputs::take`].
     pub(crate) fn lent_views<T: kolo_transport::Element>(&mut self) -> Option<Vec<&mut [T]>> {
-        let Inputs::Lent { element, segments } = self else {
-            return None;
-        };
-        if *element != TypeId::of::<T>() && !segments.is_empty() {
+        if !self.lends::<T>() {
             return None;
         }
+        let Inputs::Lent { segments, .. } = self else {
+            return None;
+        };
         Some(
             segments
                 .iter_mut()

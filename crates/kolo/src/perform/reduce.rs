@@ -139,43 +139,42 @@ impl<B: Backend> Engine<B> {
     /// still took part in the collective with the op's identity, so that
     /// no peer waits for it.
     pub(crate) fn allreduce_whole<T: Element>(&mut self, head: &Response, key: u32) {
-        let device = kolo_protocol::Device::Cpu;
-        let result = match self.batches.lent_views::<T>(key) {
-            Some(mut views) => kolo_fusion::fused_allreduce(
-                &mut self.backend,
-                &mut self.buffers,
-                device,
-                &mut views,
-                head.reduce_op,
-                scale_of(head),
-                &mut |_, _| {},
-            ),
+        // Inputs that are not lent `T`s take part with stand-ins of the
+        // op's identity: the same segments as every peer's.
+        let mut stand_ins: Vec<Vec<T>>;
+        let mut lent = true;
+        let mut views = match self.batches.lent_views::<T>(key) {
+            Some(views) => views,
             None => {
-                // The same segments as every peer's, of the op's identity.
-                let mut stand_ins: Vec<Vec<T>> = self
+                lent = false;
+                stand_ins = self
                     .batches
                     .sizes(key)
                     .into_iter()
                     .map(|n| vec![T::identity(head.reduce_op); n])
                     .collect();
-                let mut views: Vec<&mut [T]> =
-                    stand_ins.iter_mut().map(Vec::as_mut_slice).collect();
-                let _ = kolo_fusion::fused_allreduce(
-                    &mut self.backend,
-                    &mut self.buffers,
-                    device,
-                    &mut views,
-                    head.reduce_op,
-                    scale_of(head),
-                    &mut |_, _| {},
-                );
-                Err(kolo_fusion::FusionError::Transport(
-                    kolo_transport::TransportError::Backend(format!(
-                        "internal: the tensors are not lent {}",
-                        T::DTYPE
-                    )),
-                ))
+                stand_ins.iter_mut().map(Vec::as_mut_slice).collect()
             }
+        };
+        let reduced = kolo_fusion::fused_allreduce(
+            &mut self.backend,
+            &mut self.buffers,
+            kolo_protocol::Device::Cpu,
+            &mut views,
+            head.reduce_op,
+            scale_of(head),
+            &mut |_, _| {},
+        );
+        drop(views);
+        let result = if lent {
+            reduced
+        } else {
+            Err(kolo_fusion::FusionError::Transport(
+                kolo_transport::TransportError::Backend(format!(
+                    "internal: the tensors are not lent {}",
+                    T::DTYPE
+                )),
+            ))
         };
         // The submission counts its tensors in only now, after the
         // collective's last access to their memory.

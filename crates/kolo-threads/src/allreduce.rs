@@ -157,7 +157,11 @@ impl<T: Element> RunReducer<'_, T> {
     /// `own = post * op_r(prescale * x_r)` over `own` (this rank's
     /// elements) and `peers` (every other rank's, in rank order).
     pub(crate) fn run(&mut self, own: &mut [T], peers: &[&[T]]) {
-        if let ([peer], 1.0) = (peers, self.prescale) {
+        if peers.is_empty() {
+            // One rank: nothing to combine, only the scale factors (a
+            // reduction over one source is the source itself).
+            T::scale(own, self.prescale);
+        } else if let ([peer], 1.0) = (peers, self.prescale) {
             // Two ranks: one combination per element, straight into the
             // own block (exact as in `reduce_many`).
             T::reduce_into(own, peer, self.op);

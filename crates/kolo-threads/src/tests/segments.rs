@@ -107,6 +107,40 @@ fn edge_segmentations_on_both_paths_for_1_to_8_ranks() {
     }
 }
 
+/// One rank's allreduce is its input with the scale factors applied
+/// (`post * (pre * x)`), on both paths, segmented or packed.
+fn assert_one_rank_keeps_its_input<T: Element>(op: ReduceOp, scale: Scale) {
+    let lens = [5, 30_011, 0, 7];
+    for (segments, packed) in both::<T>(1, &lens, op, scale) {
+        let mut expected: Vec<T> = (0..packed.len()).map(|i| make(0, i, op)).collect();
+        T::scale(&mut expected, scale.prescale);
+        T::scale(&mut expected, scale.postscale_for(op, 1));
+        let concatenated = segments.concat();
+        for (what, got) in [("segments", &concatenated), ("packed", &packed)] {
+            assert!(
+                as_bytes(got) == as_bytes(&expected),
+                "1 rank, {} {op:?} {scale:?}, {what}: first difference at {:?}",
+                T::DTYPE,
+                got.iter().zip(&expected).position(|(a, b)| a != b)
+            );
+        }
+    }
+}
+
+#[test]
+fn one_rank_applies_only_the_scale_factors() {
+    for op in ReduceOp::ALL {
+        for scale in [Scale::NONE, SCALED] {
+            assert_one_rank_keeps_its_input::<f32>(op, scale);
+            assert_one_rank_keeps_its_input::<f16>(op, scale);
+            assert_one_rank_keeps_its_input::<bf16>(op, scale);
+            assert_one_rank_keeps_its_input::<f64>(op, scale);
+            assert_one_rank_keeps_its_input::<i32>(op, scale);
+            assert_one_rank_keeps_its_input::<u8>(op, scale);
+        }
+    }
+}
+
 #[test]
 fn a_thousand_segments_of_a_thousand_elements() {
     let lens = vec![1024; 1000];

@@ -156,6 +156,7 @@ pub(crate) struct RunReducer<'a, T> {
 impl<T: Element> RunReducer<'_, T> {
     /// `own = post * op_r(prescale * x_r)` over `own` (this rank's
     /// elements) and `peers` (every other rank's, in rank order).
+    #[inline]
     pub(crate) fn run(&mut self, own: &mut [T], peers: &[&[T]]) {
         if peers.is_empty() {
             // One rank: nothing to combine, only the scale factors (a

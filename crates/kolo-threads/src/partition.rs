@@ -126,6 +126,7 @@ pub(crate) struct Runs<I> {
 impl<I: Iterator<Item = usize>> Iterator for Runs<I> {
     type Item = Run;
 
+    #[inline]
     fn next(&mut self) -> Option<Run> {
         if self.pos >= self.end {
             return None;

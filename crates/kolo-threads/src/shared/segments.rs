@@ -9,7 +9,7 @@
 //! are read-only or in place under the schedule over their concatenation).
 
 use super::{internal, Access, Publication, RawBuf, Round};
-use crate::partition::{runs, Run};
+use crate::partition::{contains, runs, Run};
 use kolo_transport::{Element, TransportError};
 use std::any::TypeId;
 
@@ -130,6 +130,7 @@ impl<'r> Publication<'r> {
 }
 
 /// The start of `run` in a segment of `table`, checked to lie within it.
+#[inline]
 fn run_ptr<T>(table: &[Segment], run: &Run) -> Result<*mut T, TransportError> {
     let segment = table
         .get(run.segment)
@@ -237,38 +238,45 @@ impl Round<'_, '_> {
             )));
         }
         let chunk = self.schedule.chunk(rank);
+        // Each run's start in every peer's segment, found once per run for
+        // both the reads and the writes.
+        let mut starts: Vec<*mut T> = Vec::with_capacity(peers.len());
         let mut views: Vec<&[T]> = Vec::with_capacity(peers.len());
-        for run in runs(own.iter().map(Segment::len), chunk, block) {
-            if !self.schedule.may_access(rank, &run.at) {
+        for run in runs(own.iter().map(Segment::len), chunk.clone(), block) {
+            // The schedule's chunk, looked up once: `may_access` for every run.
+            if !contains(&chunk, &run.at) {
                 return Err(internal(format!("rank {rank} may not touch {run:?}")));
             }
+            let len = run.len();
             let own_ptr = run_ptr::<T>(own, &run)?;
-            views.clear();
+            starts.clear();
             for table in &peers {
-                let ptr = run_ptr::<T>(table, &run)?;
+                starts.push(run_ptr::<T>(table, &run)?);
+            }
+            views.clear();
+            views.extend(starts.iter().map(|&ptr| {
                 // SAFETY: invariants 2-4. The segment is part of a live
                 // `&'r mut [&mut [T]]` of exactly `T` (checked) lent to its
-                // owner's round, the run lies within it (checked), and the
-                // schedule over the same lengths on every rank (checked)
-                // gives this rank sole use of `run.at`, so nobody writes
-                // these elements meanwhile.
-                views.push(unsafe { std::slice::from_raw_parts(ptr.cast_const(), run.len()) });
-            }
+                // owner's round, the run lies within it (checked by
+                // `run_ptr`), and the schedule over the same lengths on
+                // every rank (checked) gives this rank sole use of
+                // `run.at`, so nobody writes these elements meanwhile.
+                unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) }
+            }));
             // SAFETY: as above for this rank's own segment, lent from a
             // mutable borrow; it is a different allocation from every
             // peer's (each rank lends its own `&mut`), and from this rank's
             // other segments (distinct `&mut` borrows), so it aliases
             // nothing in `views`; `&mut self` rules out other views here.
-            let own_run = unsafe { std::slice::from_raw_parts_mut(own_ptr, run.len()) };
+            let own_run = unsafe { std::slice::from_raw_parts_mut(own_ptr, len) };
             f(own_run, &views);
             views.clear();
-            for table in &peers {
-                let ptr = run_ptr::<T>(table, &run)?;
+            for &ptr in &starts {
                 // SAFETY: invariants 2-4 as above, for a peer's segment
                 // lent from a mutable borrow: nobody else touches `run.at`
                 // of it now, no view of it is left (`views` was cleared),
                 // and it is a different allocation from `own_run`.
-                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, run.len()) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                 dst.copy_from_slice(own_run);
             }
         }

@@ -18,7 +18,7 @@ use crate::error::CoordinatorError;
 use crate::names::{NameError, Names, TensorId};
 use crate::negotiate::{Decision, Negotiator, Round};
 use crate::output::{Agreed, CycleOutput, CycleStats, Hit, NegotiationEvent};
-use crate::pending::{PendingRequests, Submission};
+use crate::pending::{Intake, PendingRequests, Submission};
 use crate::response_cache::ResponseCache;
 use crate::stall::{stalled, CachePathStall, CachePathStalls, StallInspector};
 use kolo_protocol::{
@@ -180,7 +180,7 @@ impl Coordinator {
     pub fn cycle<C: Controller + ?Sized>(
         &mut self,
         ctrl: &mut C,
-        submissions: Vec<Submission>,
+        submissions: impl Into<Intake>,
         shutdown: bool,
         now: Instant,
     ) -> Result<CycleOutput, CoordinatorError> {
@@ -205,7 +205,7 @@ impl Coordinator {
     pub fn cycle_deferring<C: Controller + ?Sized>(
         &mut self,
         ctrl: &mut C,
-        submissions: Vec<Submission>,
+        submissions: impl Into<Intake>,
         shutdown: bool,
         now: Instant,
     ) -> Result<Cycle, CoordinatorError> {
@@ -222,7 +222,10 @@ impl Coordinator {
         // The last cycle's hits have been performed.
         self.cache.unpin_all();
         self.pending.revalidate(&self.cache);
-        let mut invalid = self.pending.intake(submissions, &self.cache);
+        let mut invalid = match submissions.into() {
+            Intake::Each(each) => self.pending.intake(each, &self.cache),
+            Intake::Group(ids) => self.pending.intake_group(&ids, &self.cache),
+        };
         let mut gather_wanted = false;
         if let Some(r0) = self.rank0.as_deref_mut() {
             for stall in std::mem::take(&mut r0.invalidate_next) {

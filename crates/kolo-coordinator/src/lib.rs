@@ -108,5 +108,5 @@ pub use cycle::{Agreement, Coordinator, Cycle};
 pub use error::CoordinatorError;
 pub use names::{NameError, Names, TensorId};
 pub use output::{Agreed, CycleOutput, CycleStats, Hit, NegotiationEvent};
-pub use pending::Submission;
+pub use pending::{Intake, Submission};
 pub use stall::{stalled, StallReport};

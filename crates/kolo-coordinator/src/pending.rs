@@ -9,12 +9,21 @@
 //! ([`Submission::params`] `None`): a training step that repeats the last
 //! one hands over only ids, and its cache hits are known without comparing
 //! anything while the cache is unchanged.
+//!
+//! A whole group of such repeats ([`Intake::Group`]) that repeats the last
+//! group taken in, while nothing else is pending, goes further: it is
+//! taken in and settled as one unit (its bits copied in, its hits copied
+//! out), without a pass over its ids. Anything that needs the ids one by
+//! one first writes their states as the one-by-one path would have
+//! ([`PendingRequests::materialize`]), so the group is never seen half
+//! taken in.
 
 use crate::bit_vector::CycleBits;
 use crate::names::{Names, TensorId};
 use crate::output::Hit;
 use crate::response_cache::{Lookup, ResponseCache};
 use kolo_protocol::{Params, Request, RequestKind, Response};
+use std::sync::Arc;
 
 /// One request of this rank for a cycle: the tensor's id (see
 /// [`crate::Coordinator::register`]) and what is asked of it.
@@ -39,6 +48,33 @@ impl Submission {
     /// A request for `id` that repeats its last parameters.
     pub fn repeat(id: TensorId) -> Self {
         Submission { id, params: None }
+    }
+}
+
+/// One cycle's new requests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Intake {
+    /// Request by request, in order.
+    Each(Vec<Submission>),
+    /// A group of tensors that all repeat their last parameters: the same
+    /// as [`Submission::repeat`] of each id, in order. Repeating the last
+    /// group taken in (the same `Arc`), it is taken in as one unit.
+    Group(Arc<[TensorId]>),
+}
+
+impl Intake {
+    /// True when there is no request.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Intake::Each(each) => each.is_empty(),
+            Intake::Group(ids) => ids.is_empty(),
+        }
+    }
+}
+
+impl From<Vec<Submission>> for Intake {
+    fn from(each: Vec<Submission>) -> Self {
+        Intake::Each(each)
     }
 }
 
@@ -100,6 +136,31 @@ pub struct PendingRequests {
     /// against (every request entering the bit path is checked on the way
     /// in).
     validated: Option<u64>,
+    /// The last group taken in whose every request hit the cache.
+    group: Option<Arc<GroupMemo>>,
+    /// `group` is in flight as one unit: the pending counts and bits
+    /// include it, its ids' states and `hits` do not (yet).
+    lane: bool,
+    /// Bumped whenever something a [`GroupMemo`] relies on changes other
+    /// than the cache (an id forgotten, new parameters).
+    epoch: u64,
+}
+
+/// A group whose every request hit the cache, as taken in: valid while
+/// the cache generation and the epoch are unchanged.
+#[derive(Debug)]
+struct GroupMemo {
+    ids: Arc<[TensorId]>,
+    /// The slot each id hit, in the group's order.
+    slots: Vec<u32>,
+    /// The slots ascending (what every rank agrees on when it repeats).
+    sorted: Vec<usize>,
+    /// The hits in slot order, as settling returns them.
+    hits: Vec<Hit>,
+    /// The slots as a bit set over the cache.
+    words: Vec<u64>,
+    generation: u64,
+    epoch: u64,
 }
 
 /// `slots[index]`, grown with `None` as needed.
@@ -195,7 +256,9 @@ impl PendingRequests {
 
     /// True while `id` has a request without a response.
     pub fn is_pending(&self, id: TensorId) -> bool {
-        self.flying(id) || self.outbox.iter().any(|o| o.id == id)
+        self.flying(id)
+            || self.outbox.iter().any(|o| o.id == id)
+            || (self.lane && self.group.as_ref().is_some_and(|g| g.ids.contains(&id)))
     }
 
     /// The parameters of `id`'s last submission.
@@ -205,6 +268,8 @@ impl PendingRequests {
 
     /// Forgets everything about `id` (it is not pending).
     pub fn forget(&mut self, id: TensorId) {
+        self.materialize();
+        self.epoch += 1;
         if let Some(last) = self.last.get_mut(id.index()) {
             *last = None;
         }
@@ -286,6 +351,7 @@ impl PendingRequests {
         if self.validated == Some(cache.generation()) {
             return;
         }
+        self.materialize();
         self.validated = Some(cache.generation());
         if self.hit_count == 0 {
             return;
@@ -311,6 +377,7 @@ impl PendingRequests {
         submissions: impl IntoIterator<Item = Submission>,
         cache: &ResponseCache,
     ) -> Vec<usize> {
+        self.materialize();
         let mut invalid = Vec::new();
         let generation = cache.generation();
         // The fast path keeps its counts and the bit word it is filling in
@@ -320,7 +387,10 @@ impl PendingRequests {
         let mut word = WordFill::setting();
         for Submission { id, params } in submissions {
             match params {
-                Some(params) => *at(&mut self.last, id.index()) = Some(*params),
+                Some(params) => {
+                    *at(&mut self.last, id.index()) = Some(*params);
+                    self.epoch += 1;
+                }
                 None => {
                     // The fast path: a repeat of a request that hit this
                     // slot, the cache unchanged since (a join never hits:
@@ -352,6 +422,94 @@ impl PendingRequests {
         self.hit_count += settled;
         self.in_flight_count += settled;
         invalid
+    }
+
+    /// Takes in a group of repeats ([`Intake::Group`]) and returns the
+    /// slots they invalidate. When it is the last group taken in whose
+    /// every request hit, the cache and the epoch are unchanged since, and
+    /// nothing else is pending, the group goes in as one: its bits and
+    /// counts are added, its ids' states are left for
+    /// [`PendingRequests::materialize`] (or settled as they are, see
+    /// [`PendingRequests::settle_hits`]). Otherwise it is taken in request
+    /// by request, and remembered if every request hit.
+    pub fn intake_group(&mut self, ids: &Arc<[TensorId]>, cache: &ResponseCache) -> Vec<usize> {
+        self.materialize();
+        let idle = self.in_flight_count == 0
+            && self.hit_count == 0
+            && self.outbox.is_empty()
+            && !self.joined;
+        if let Some(group) = self.group.as_ref().filter(|g| {
+            idle && Arc::ptr_eq(&g.ids, ids)
+                && g.generation == cache.generation()
+                && g.epoch == self.epoch
+                && g.words.len() == self.hit_words.len()
+        }) {
+            self.hit_words.copy_from_slice(&group.words);
+            self.hit_count = group.ids.len();
+            self.in_flight_count = group.ids.len();
+            self.lane = true;
+            return Vec::new();
+        }
+        let invalid = self.intake(ids.iter().map(|&id| Submission::repeat(id)), cache);
+        self.group = None;
+        if idle && invalid.is_empty() {
+            self.remember_group(ids, cache);
+        }
+        invalid
+    }
+
+    /// Remembers `ids`, just taken in while nothing else was pending, if
+    /// every one of its requests waits on a slot of its own.
+    fn remember_group(&mut self, ids: &Arc<[TensorId]>, cache: &ResponseCache) {
+        if !self.outbox.is_empty()
+            || self.hit_count != ids.len()
+            || self.in_flight_count != ids.len()
+        {
+            return;
+        }
+        let mut slots = Vec::with_capacity(ids.len());
+        for id in ids.iter() {
+            match self.ids.get(id.index()) {
+                Some(state) if state.waiting != NO_SLOT => slots.push(state.waiting),
+                _ => return,
+            }
+        }
+        let mut sorted: Vec<usize> = slots.iter().map(|&slot| slot as usize).collect();
+        sorted.sort_unstable();
+        let hits = sorted
+            .iter()
+            .map(|&slot| Hit {
+                slot,
+                id: self.hits[slot],
+            })
+            .collect();
+        self.group = Some(Arc::new(GroupMemo {
+            ids: Arc::clone(ids),
+            slots,
+            sorted,
+            hits,
+            words: self.hit_words.clone(),
+            generation: cache.generation(),
+            epoch: self.epoch,
+        }));
+    }
+
+    /// Writes the states of a group taken in as one, as
+    /// [`PendingRequests::intake`] would have left them (its counts and
+    /// bits are in already); nothing when there is none.
+    pub fn materialize(&mut self) {
+        if !std::mem::replace(&mut self.lane, false) {
+            return;
+        }
+        let Some(group) = self.group.clone() else {
+            return;
+        };
+        for (&id, &slot) in group.ids.iter().zip(&group.slots) {
+            self.hits[slot as usize] = Some(id);
+            let state = self.state(id);
+            state.waiting = slot;
+            state.in_flight = true;
+        }
     }
 
     /// [`PendingRequests::intake`] of one request that the fast path did
@@ -411,6 +569,9 @@ impl PendingRequests {
         if self.hit_count == 0 {
             return;
         }
+        if bits.any_joined() || !bits.invalid.is_empty() {
+            self.materialize();
+        }
         if bits.any_joined() {
             for slot in self.hit_slots() {
                 if let Some(id) = self.hits[slot] {
@@ -429,6 +590,7 @@ impl PendingRequests {
     /// Settles the bit-path request on `slot` (every rank agreed on it) and
     /// returns its tensor.
     pub fn settle_hit(&mut self, slot: usize) -> Option<TensorId> {
+        self.materialize();
         let id = self.hits.get_mut(slot)?.take()?;
         self.hit_words[slot / 64] &= !(1 << (slot % 64));
         self.hit_count -= 1;
@@ -446,6 +608,20 @@ impl PendingRequests {
     /// `out`: one tight pass (counts and the bit word being cleared kept in
     /// registers) for the many hits of a repeated step.
     pub fn settle_hits(&mut self, slots: &[usize], out: &mut Vec<Hit>) {
+        if self.lane {
+            if let Some(group) = self.group.as_ref().filter(|g| g.sorted == slots) {
+                // The group taken in as one, agreed whole: nothing else is
+                // pending (see `intake_group`), and its ids' states were
+                // never written, so they are settled as they stand.
+                out.extend_from_slice(&group.hits);
+                self.hit_words.fill(0);
+                self.hit_count = 0;
+                self.in_flight_count -= group.ids.len();
+                self.lane = false;
+                return;
+            }
+            self.materialize();
+        }
         out.reserve(slots.len());
         let mut settled = 0usize;
         let mut landed = 0usize;
@@ -489,6 +665,7 @@ impl PendingRequests {
         response: &Response,
         names: &Names,
     ) -> Option<(TensorId, Option<Params>)> {
+        self.materialize();
         let mut first = None;
         for name in &response.tensor_names {
             let Some(id) = names.id(name) else { continue };
@@ -710,6 +887,63 @@ mod tests {
         (p.hit_slots(), p.len(), pending, outbox)
     }
 
+    #[test]
+    fn a_repeated_group_goes_in_and_out_as_one_until_something_changes() {
+        let count = 8;
+        let (_, cache) = many_cached(count);
+        let mut p = PendingRequests::new(1, count as usize);
+        p.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
+        p.settle_hits(&(0..count as usize).collect::<Vec<_>>(), &mut Vec::new());
+        let group: Arc<[TensorId]> = [5, 1, 3].iter().map(|&id| TensorId(id)).collect();
+        let expected: Vec<Hit> = [1, 3, 5]
+            .iter()
+            .map(|&slot| Hit {
+                slot,
+                id: Some(TensorId(slot as u32)),
+            })
+            .collect();
+        for step in 0..4 {
+            assert!(p.intake_group(&group, &cache).is_empty());
+            // The first step goes request by request and remembers the
+            // group; the later ones go in as one.
+            assert_eq!(p.lane, step > 0, "step {step}");
+            assert_eq!((p.len(), p.hit_slots()), (3, vec![1, 3, 5]));
+            assert!(p.is_pending(TensorId(3)) && !p.is_pending(TensorId(2)));
+            let mut hits = Vec::new();
+            p.settle_hits(&[1, 3, 5], &mut hits);
+            assert_eq!(hits, expected);
+            assert!(p.is_empty() && p.hit_slots().is_empty() && !p.lane);
+        }
+        // Another group object with the same ids is not the one remembered.
+        let twin: Arc<[TensorId]> = group.iter().copied().collect();
+        p.intake_group(&twin, &cache);
+        assert!(!p.lane);
+        p.settle_hits(&[1, 3, 5], &mut Vec::new());
+        // Parameters sent for any id end the memo.
+        p.intake_group(&twin, &cache);
+        p.settle_hits(&[1, 3, 5], &mut Vec::new());
+        p.intake(vec![sub(7, 2)], &cache);
+        p.settle_hits(&[7], &mut Vec::new());
+        p.intake_group(&twin, &cache);
+        assert!(!p.lane, "the epoch changed");
+        // Settled in part, the group is written out one by one: the rest
+        // stays pending, and the next step sends the duplicates to rank 0.
+        p.settle_hits(&[1, 3, 5], &mut Vec::new());
+        p.intake_group(&twin, &cache);
+        assert!(p.lane);
+        let mut hits = Vec::new();
+        p.settle_hits(&[3], &mut hits);
+        assert_eq!(
+            hits,
+            vec![Hit {
+                slot: 3,
+                id: Some(TensorId(3))
+            }]
+        );
+        assert!(!p.lane);
+        assert_eq!((p.len(), p.hit_slots()), (2, vec![1, 5]));
+    }
+
     use proptest::prelude::*;
 
     proptest! {
@@ -767,6 +1001,69 @@ mod tests {
                 .collect();
             prop_assert_eq!(bulk, single);
             prop_assert_eq!(observed(&mut full, &names, count), observed(&mut one_by_one, &names, count));
+        }
+
+        /// A repeated group handed over as one ([`Intake::Group`]) ends
+        /// every step as the same group handed over request by request:
+        /// settled whole, settled in part (the rest waits into the next
+        /// step), partly invalidated, or after an unrelated id is
+        /// forgotten; the same hits come out of every settle.
+        #[test]
+        fn groups_taken_in_as_one_match_the_one_by_one_path(
+            order in proptest::sample::subsequence((0u32..48).collect::<Vec<u32>>(), 1..48)
+                .prop_shuffle(),
+            steps in proptest::collection::vec(
+                (0usize..4, proptest::sample::subsequence((0usize..48).collect::<Vec<usize>>(), 0..48)),
+                1..7,
+            ),
+        ) {
+            let count = 48;
+            let (names, cache) = many_cached(count);
+            let mut warm = PendingRequests::new(1, count as usize);
+            warm.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
+            let all: Vec<usize> = (0..count as usize).collect();
+            warm.settle_hits(&all, &mut Vec::new());
+            let group: Arc<[TensorId]> = order.iter().map(|&id| TensorId(id)).collect();
+            // Slot s holds id s: the group's slots, ascending.
+            let mut whole: Vec<usize> = order.iter().map(|&id| id as usize).collect();
+            whole.sort_unstable();
+            let (mut lane, mut each) = (warm.clone(), warm);
+            let seen = |p: &PendingRequests| observed(&mut p.clone(), &names, count);
+            for (kind, part) in &steps {
+                let invalid_lane = lane.intake_group(&group, &cache);
+                let invalid_each = each.intake(group.iter().map(|&id| Submission::repeat(id)), &cache);
+                prop_assert_eq!(invalid_lane, invalid_each);
+                prop_assert_eq!(lane.hit_words(), each.hit_words());
+                prop_assert_eq!(seen(&lane), seen(&each));
+                let agreed: Vec<usize> = match kind {
+                    0 => whole.clone(),
+                    1 => part.clone(),
+                    2 => {
+                        // Some slots invalidated: their hits go to rank 0.
+                        let bits = CycleBits { invalid: part.clone(), ..CycleBits::default() };
+                        lane.route(&bits);
+                        each.route(&bits);
+                        prop_assert_eq!(seen(&lane), seen(&each));
+                        whole.iter().copied().filter(|s| !part.contains(s)).collect()
+                    }
+                    _ => {
+                        // An id outside the group, not pending, forgotten.
+                        if let Some(other) = (0..count).find(|id| !order.contains(id)) {
+                            lane.forget(TensorId(other));
+                            each.forget(TensorId(other));
+                        }
+                        whole.clone()
+                    }
+                };
+                let (mut out_lane, mut out_each) = (Vec::new(), Vec::new());
+                lane.settle_hits(&agreed, &mut out_lane);
+                each.settle_hits(&agreed, &mut out_each);
+                prop_assert_eq!(out_lane, out_each);
+                prop_assert_eq!(seen(&lane), seen(&each));
+                // What went to rank 0 is answered there: both drop it.
+                lane.take_outbox(&names);
+                each.take_outbox(&names);
+            }
         }
     }
 }

@@ -425,7 +425,7 @@ fn ranks_choose_their_own_ids() {
 /// again (the books were settled).
 #[test]
 fn deferred_books_match_the_whole_cycle() {
-    use kolo_coordinator::{Cycle, Submission};
+    use kolo_coordinator::{Cycle, Intake, Submission, TensorId};
     // Rank `rank`'s step: three small allreduces.
     let step = |rank: usize| -> Vec<Request> {
         ["x", "y", "z"]
@@ -440,11 +440,22 @@ fn deferred_books_match_the_whole_cycle() {
             .iter()
             .map(|n| coord.names().id(n).expect("registered by the cold step"))
             .collect();
-        let repeat = || ids.iter().map(|&id| Submission::repeat(id)).collect();
+        let repeat = || {
+            ids.iter()
+                .map(|&id| Submission::repeat(id))
+                .collect::<Vec<_>>()
+        };
+        // Two steps request by request, then three as one group (the
+        // first is remembered, the later ones go in and out as one).
+        let group: std::sync::Arc<[TensorId]> = ids.iter().copied().collect();
         let mut deferred = Vec::new();
-        for _ in 0..2 {
+        for step in 0..5 {
+            let intake = match step {
+                0 | 1 => Intake::from(repeat()),
+                _ => Intake::Group(std::sync::Arc::clone(&group)),
+            };
             match coord
-                .cycle_deferring(ctrl, repeat(), false, Instant::now())
+                .cycle_deferring(ctrl, intake, false, Instant::now())
                 .expect("deferred cycle")
             {
                 Cycle::Hits(agreement) => {
@@ -486,7 +497,7 @@ fn deferred_books_match_the_whole_cycle() {
     });
     let twins = run_ranks(2, &config(16), |rank, coord, ctrl| {
         let _ = cycle_until(coord, ctrl, step(rank), 3, 10);
-        (0..2)
+        (0..5)
             .map(|_| {
                 let out = coord
                     .cycle_requests(ctrl, step(rank), false, Instant::now())
@@ -503,7 +514,7 @@ fn deferred_books_match_the_whole_cycle() {
     for ((cold, deferred, done), twin) in results.iter().zip(&twins) {
         assert_eq!(responses(cold).len(), 3);
         assert!(*done, "a new tensor's cycle is Done");
-        assert_eq!(deferred.len(), 2);
+        assert_eq!(deferred.len(), 5);
         for (
             (slots, got, stats, shutdown, pending),
             (want, twin_stats, twin_shutdown, twin_pending),

@@ -11,11 +11,11 @@ use crate::device::DevicePlane;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
-use crate::table::{Entry, Input, Taken};
+use crate::table::{Entry, Input, Requests, Taken};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use kolo_coordinator::{
-    Agreed, Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Hit, NegotiationEvent,
-    Submission, TensorId,
+    Agreed, Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Hit, Intake,
+    NegotiationEvent, TensorId,
 };
 use kolo_fusion::{Edge, FusionBuffers, Phase};
 use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
@@ -290,7 +290,7 @@ impl<B: Backend> Background<B> {
     /// collective for this rank would otherwise wait out this rank's cycle
     /// time (up to 1 ms per step). The next cycle's collective itself waits
     /// for the peers (spinning briefly, then yielding, then sleeping).
-    fn collect(&mut self) -> Result<(Vec<Submission>, Option<String>), Error> {
+    fn collect(&mut self) -> Result<(Intake, Option<String>), Error> {
         let wait = if self.coordinator.pending() > 0 {
             Duration::ZERO
         } else {
@@ -366,13 +366,23 @@ impl<B: Backend> Background<B> {
 impl<B: Backend> Engine<B> {
     /// Holds the submissions taken from the table and returns their
     /// requests, in order.
-    fn hold(&mut self, taken: Taken) -> Vec<Submission> {
-        let tensors = taken.submissions.iter().map(|q| q.ids.len()).sum();
+    fn hold(&mut self, taken: Taken) -> Intake {
+        // A repeated group alone (a training step that repeats the last)
+        // goes to the coordinator as one.
+        let group = match taken.submissions.as_slice() {
+            [q] if matches!(q.requests, Requests::Repeat) => Some(Arc::clone(&q.ids)),
+            _ => None,
+        };
+        let tensors = match group {
+            Some(_) => 0,
+            None => taken.submissions.iter().map(|q| q.ids.len()).sum(),
+        };
         let mut requests = Vec::with_capacity(tensors);
         for mut q in taken.submissions {
-            let n = q.ids.len();
-            for index in 0..n {
-                requests.push(q.submission(index));
+            if group.is_none() {
+                for index in 0..q.ids.len() {
+                    requests.push(q.submission(index));
+                }
             }
             let ids = Arc::clone(&q.ids);
             let key = self.batches.add(q.completion, Arc::clone(&ids), q.inputs);
@@ -388,7 +398,10 @@ impl<B: Backend> Engine<B> {
                 self.held[id.index()] = Some(Batches::part(key, index as u32));
             }
         }
-        requests
+        match group {
+            Some(ids) => Intake::Group(ids),
+            None => Intake::Each(requests),
+        }
     }
 
     /// Counts the cycle and writes its negotiation to the timeline.

@@ -158,39 +158,46 @@ impl<T: Element> RunReducer<'_, T> {
     /// elements) and `peers` (every other rank's, in rank order).
     #[inline]
     pub(crate) fn run(&mut self, own: &mut [T], peers: &[&[T]]) {
-        if peers.is_empty() {
+        match (peers, self.prescale) {
             // One rank: nothing to combine, only the scale factors (a
             // reduction over one source is the source itself).
-            T::scale(own, self.prescale);
-        } else if let ([peer], 1.0) = (peers, self.prescale) {
+            ([], prescale) if prescale != 1.0 => T::scale(own, prescale),
+            ([], _) => {}
             // Two ranks: one combination per element, straight into the
             // own block (exact as in `reduce_many`).
-            T::reduce_into(own, peer, self.op);
-        } else {
-            // Reduce in rank order into the scratch block (f16/bf16
-            // accumulate in f32 and round once), then copy it back.
-            let acc = &mut self.out[..own.len()];
-            let rank = self.rank.min(peers.len());
-            let mut on_stack: [&[T]; STACK_RANKS] = [&[]; STACK_RANKS];
-            let on_heap: Vec<&[T]>;
-            let srcs: &[&[T]] = if peers.len() < STACK_RANKS {
-                on_stack[..rank].copy_from_slice(&peers[..rank]);
-                on_stack[rank] = &*own;
-                on_stack[rank + 1..=peers.len()].copy_from_slice(&peers[rank..]);
-                &on_stack[..=peers.len()]
-            } else {
-                on_heap = peers[..rank]
-                    .iter()
-                    .copied()
-                    .chain(std::iter::once(&*own))
-                    .chain(peers[rank..].iter().copied())
-                    .collect();
-                &on_heap
-            };
-            reduce_scaled(acc, srcs, self.op, self.prescale, self.scaled);
-            own.copy_from_slice(acc);
+            ([peer], 1.0) => T::reduce_into(own, peer, self.op),
+            _ => self.run_many(own, peers),
         }
-        T::scale(own, self.post);
+        if self.post != 1.0 {
+            T::scale(own, self.post);
+        }
+    }
+
+    /// [`RunReducer::run`] on more ranks, or with a prescale: in rank
+    /// order into the scratch block (f16/bf16 accumulate in f32 and round
+    /// once), then copied back.
+    #[inline(never)]
+    fn run_many(&mut self, own: &mut [T], peers: &[&[T]]) {
+        let acc = &mut self.out[..own.len()];
+        let rank = self.rank.min(peers.len());
+        let mut on_stack: [&[T]; STACK_RANKS] = [&[]; STACK_RANKS];
+        let on_heap: Vec<&[T]>;
+        let srcs: &[&[T]] = if peers.len() < STACK_RANKS {
+            on_stack[..rank].copy_from_slice(&peers[..rank]);
+            on_stack[rank] = &*own;
+            on_stack[rank + 1..=peers.len()].copy_from_slice(&peers[rank..]);
+            &on_stack[..=peers.len()]
+        } else {
+            on_heap = peers[..rank]
+                .iter()
+                .copied()
+                .chain(std::iter::once(&*own))
+                .chain(peers[rank..].iter().copied())
+                .collect();
+            &on_heap
+        };
+        reduce_scaled(acc, srcs, self.op, self.prescale, self.scaled);
+        own.copy_from_slice(acc);
     }
 }
 

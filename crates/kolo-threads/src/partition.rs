@@ -83,6 +83,7 @@ pub(crate) struct Run {
 
 impl Run {
     /// Elements in the run.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.at.len()
     }

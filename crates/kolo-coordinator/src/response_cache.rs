@@ -52,6 +52,12 @@ struct Entry {
 struct Lru {
     prev: Vec<usize>,
     next: Vec<usize>,
+    /// Bumped by every change of the order.
+    changes: u64,
+    /// The slots of the last [`ResponseCache::touch_all`], and `changes`
+    /// right after it: while the order is unchanged since, those slots
+    /// are still the most recently used, in that order.
+    touched: (u64, Vec<usize>),
 }
 
 impl Lru {
@@ -60,6 +66,8 @@ impl Lru {
         Lru {
             prev: vec![sentinel; capacity + 1],
             next: vec![sentinel; capacity + 1],
+            changes: 0,
+            touched: (0, Vec::new()),
         }
     }
 
@@ -68,6 +76,7 @@ impl Lru {
     }
 
     fn unlink(&mut self, slot: usize) {
+        self.changes += 1;
         let (p, n) = (self.prev[slot], self.next[slot]);
         self.next[p] = n;
         self.prev[n] = p;
@@ -75,6 +84,7 @@ impl Lru {
 
     /// Appends `slot` as the most recently used.
     fn push_back(&mut self, slot: usize) {
+        self.changes += 1;
         let s = self.sentinel();
         let last = self.prev[s];
         self.next[last] = slot;
@@ -83,8 +93,15 @@ impl Lru {
         self.prev[s] = slot;
     }
 
-    /// True when the most recently used slots are `slots`, oldest first.
+    /// True when the most recently used slots are `slots`, oldest first:
+    /// known without a walk when they were the last ones touched and the
+    /// order has not changed since.
     fn ends_with(&self, slots: &[usize]) -> bool {
+        (self.touched.0 == self.changes && self.touched.1 == slots) || self.walk_ends_with(slots)
+    }
+
+    /// [`Lru::ends_with`], walking the list from its most recent end.
+    fn walk_ends_with(&self, slots: &[usize]) -> bool {
         let mut at = self.prev[self.sentinel()];
         for &slot in slots.iter().rev() {
             if at != slot {
@@ -254,11 +271,21 @@ impl ResponseCache {
     /// (a training step repeating the last), the list is left as it is:
     /// relinking would rebuild it unchanged.
     pub fn touch_all(&mut self, slots: &[usize]) {
-        if self.lru.ends_with(slots) {
-            return;
+        if !self.lru.ends_with(slots) {
+            for &slot in slots {
+                self.touch(slot);
+            }
+            // (An empty slot is not linked: then the walk says no.)
+            if !self.lru.walk_ends_with(slots) {
+                return;
+            }
         }
-        for &slot in slots {
-            self.touch(slot);
+        let changes = self.lru.changes;
+        let touched = &mut self.lru.touched;
+        if touched.0 != changes || touched.1 != slots {
+            touched.1.clear();
+            touched.1.extend_from_slice(slots);
+            touched.0 = changes;
         }
     }
 
@@ -452,26 +479,42 @@ mod tests {
 
     proptest! {
         /// Touching several slots at once orders the list as touching them
-        /// one by one.
+        /// one by one, round after round of other operations in between
+        /// (a repeated touch is known without a walk while the order is
+        /// unchanged), empty slots among them or not.
         #[test]
-        fn touch_all_is_touching_each(ops in prop::collection::vec(op(), 0..60), touched in prop::collection::btree_set(0usize..6, 0..6)) {
+        fn touch_all_is_touching_each(
+            rounds in prop::collection::vec(
+                (prop::collection::vec(op(), 0..30), prop::collection::btree_set(0usize..6, 0..6), any::<bool>()),
+                1..6,
+            ),
+        ) {
             let mut a = ResponseCache::new(6);
-            for op in ops {
-                match op {
-                    Op::Insert(n) => { put(&mut a, &format!("t{n}"), None, None); }
-                    Op::Touch(s) => a.touch(s),
-                    Op::Erase(s) => a.erase(s),
+            let mut b = ResponseCache::new(6);
+            for (ops, touched, occupied_only) in rounds {
+                for op in ops {
+                    match op {
+                        Op::Insert(n) => {
+                            let name = format!("t{n}");
+                            prop_assert_eq!(put(&mut a, &name, None, None), put(&mut b, &name, None, None));
+                        }
+                        Op::Touch(s) => { a.touch(s); b.touch(s); }
+                        Op::Erase(s) => { a.erase(s); b.erase(s); }
+                    }
                 }
-            }
-            let touched: Vec<usize> = touched.into_iter().filter(|&s| a.name(s).is_some()).collect();
-            let mut b = a.clone();
-            a.touch_all(&touched);
-            a.touch_all(&touched);
-            for &s in &touched { b.touch(s); }
-            // Same eviction order from here: fill with new names.
-            for n in 100..110 {
-                let name = format!("t{n}");
-                prop_assert_eq!(put(&mut a, &name, None, None), put(&mut b, &name, None, None));
+                let touched: Vec<usize> = touched
+                    .into_iter()
+                    .filter(|&s| !occupied_only || a.name(s).is_some())
+                    .collect();
+                a.touch_all(&touched);
+                a.touch_all(&touched);
+                for &s in &touched { b.touch(s); }
+                // Same eviction order from here: fill with new names.
+                let (mut a2, mut b2) = (a.clone(), b.clone());
+                for n in 100..110 {
+                    let name = format!("t{n}");
+                    prop_assert_eq!(put(&mut a2, &name, None, None), put(&mut b2, &name, None, None));
+                }
             }
         }
 

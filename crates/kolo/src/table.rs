@@ -128,6 +128,8 @@ struct Checked {
     ids: Arc<[TensorId]>,
     names: Arc<TensorNames>,
     repeat: bool,
+    /// The ids' flights already point at this submission.
+    flown: bool,
 }
 
 /// The entries in flight, the requests the background thread has not
@@ -210,7 +212,12 @@ impl Table {
             .memos
             .iter()
             .position(|m| m.names.matches(&group.names));
-        let Checked { ids, names, repeat } = match memo {
+        let Checked {
+            ids,
+            names,
+            repeat,
+            flown,
+        } = match memo {
             Some(at) => self.insert_remembered(at, &group, seq)?,
             None => self.insert_new(&group, seq)?,
         };
@@ -250,8 +257,10 @@ impl Table {
             }
             Requests::Each(each)
         };
-        for (index, &id) in ids.iter().enumerate() {
-            self.flights[id.index()] = (seq, index as u32);
+        if !flown {
+            for (index, &id) in ids.iter().enumerate() {
+                self.flights[id.index()] = (seq, index as u32);
+            }
         }
         let wake = self.queue.submissions.is_empty();
         self.live.push((seq, Arc::clone(&completion)));
@@ -280,12 +289,24 @@ impl Table {
             .live
             .binary_search_by_key(&memo.last, |(s, _)| *s)
             .is_err();
-        let untouched = last_done
-            && ids.iter().all(|id| {
-                self.flights
-                    .get(id.index())
-                    .is_some_and(|f| f.0 == memo.last)
-            });
+        // Checked and moved to this submission in one pass: an id whose
+        // flight is elsewhere puts the ones before it back (each was part
+        // `index` of submission `memo.last`, the same group).
+        let mut untouched = last_done;
+        if untouched {
+            for (index, &id) in ids.iter().enumerate() {
+                match self.flights.get_mut(id.index()) {
+                    Some(flight) if flight.0 == memo.last => *flight = (seq, index as u32),
+                    _ => {
+                        for (before, &earlier) in ids[..index].iter().enumerate() {
+                            self.flights[earlier.index()] = (memo.last, before as u32);
+                        }
+                        untouched = false;
+                        break;
+                    }
+                }
+            }
+        }
         if !untouched {
             for (index, &id) in ids.iter().enumerate() {
                 let flight = self.flights[id.index()];
@@ -308,7 +329,12 @@ impl Table {
         if repeat {
             self.memos[at].last = seq;
         }
-        Ok(Checked { ids, names, repeat })
+        Ok(Checked {
+            ids,
+            names,
+            repeat,
+            flown: untouched,
+        })
     }
 
     /// Interns and checks the names of a group not remembered.
@@ -332,6 +358,7 @@ impl Table {
             ids: ids.into(),
             names: Arc::new(names),
             repeat: false,
+            flown: false,
         })
     }
 
@@ -568,6 +595,7 @@ mod tests {
             assert!(w.complete(name));
         }
         w.insert(&[refs[3]]).unwrap();
+        let flights = w.table.flights.clone();
         assert_eq!(
             w.insert(&refs).err(),
             Some(Error::DuplicateName {
@@ -575,6 +603,7 @@ mod tests {
             }),
             "the memo skips hashing, not the in-flight check"
         );
+        assert_eq!(w.table.flights, flights, "a refused group leaves no trace");
         assert!(w.complete(refs[3]));
         w.insert(&refs).unwrap();
         let (again, named) = w.take();

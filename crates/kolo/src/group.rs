@@ -76,39 +76,70 @@ impl<'n> Group<'n> {
     }
 }
 
-/// The shapes of a submission's tensors, flat.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The shapes of a submission's tensors, flat: one dimension each while
+/// every shape is 1-D (the usual gradient), else with where each ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Shapes {
     dims: Vec<u64>,
+    /// Where each shape ends in `dims`; empty while `one_d`.
     ends: Vec<u32>,
+    /// Every shape so far is 1-D: shape `i` is `dims[i]`.
+    one_d: bool,
+}
+
+impl Default for Shapes {
+    fn default() -> Self {
+        Shapes::with_capacity(0)
+    }
 }
 
 impl Shapes {
     fn with_capacity(tensors: usize) -> Self {
         Shapes {
             dims: Vec::with_capacity(tensors),
-            ends: Vec::with_capacity(tensors),
+            ends: Vec::new(),
+            one_d: true,
         }
     }
 
     /// Appends a shape.
     pub(crate) fn push(&mut self, shape: &[u64]) {
-        self.dims.extend_from_slice(shape);
-        self.ends.push(self.dims.len() as u32);
+        match shape {
+            [d] if self.one_d => self.dims.push(*d),
+            _ => {
+                self.not_one_d();
+                self.dims.extend_from_slice(shape);
+                self.ends.push(self.dims.len() as u32);
+            }
+        }
     }
 
     /// Appends a shape given as dimensions.
     #[inline]
     fn push_dims(&mut self, dims: &[usize]) {
         match dims {
-            [d] => self.dims.push(*d as u64),
-            _ => self.dims.extend(dims.iter().map(|&d| d as u64)),
+            [d] if self.one_d => self.dims.push(*d as u64),
+            _ => {
+                self.not_one_d();
+                self.dims.extend(dims.iter().map(|&d| d as u64));
+                self.ends.push(self.dims.len() as u32);
+            }
         }
-        self.ends.push(self.dims.len() as u32);
+    }
+
+    /// Leaves the 1-D form: every shape so far gets its end.
+    #[cold]
+    fn not_one_d(&mut self) {
+        if std::mem::replace(&mut self.one_d, false) {
+            self.ends = (1..=self.dims.len() as u32).collect();
+        }
     }
 
     /// Shape `index` (empty when out of range).
     pub(crate) fn get(&self, index: usize) -> &[u64] {
+        if self.one_d {
+            return self.dims.get(index..=index).unwrap_or(&[]);
+        }
         let start = match index.checked_sub(1) {
             None => 0,
             Some(before) => self.ends.get(before).map_or(0, |&e| e as usize),
@@ -276,6 +307,38 @@ mod tests {
         assert_eq!(shapes.get(1), &[] as &[u64]);
         assert_eq!(shapes.get(2), &[7]);
         assert_eq!(shapes.get(3), &[] as &[u64]);
+    }
+
+    proptest::proptest! {
+        /// Any sequence of shapes reads back as pushed, whether it stays
+        /// 1-D or not, and two sequences are equal exactly when their
+        /// shapes are.
+        #[test]
+        fn shapes_read_back_and_compare_as_pushed(
+            a in proptest::collection::vec(proptest::collection::vec(0u64..5, 0..4), 0..12),
+            b in proptest::collection::vec(proptest::collection::vec(0u64..5, 0..4), 0..12),
+            one_d in proptest::collection::vec(0u64..5, 0..12),
+        ) {
+            let build = |list: &[Vec<u64>]| {
+                let mut shapes = Shapes::default();
+                let mut dims = Shapes::default();
+                for shape in list {
+                    shapes.push(shape);
+                    dims.push_dims(&shape.iter().map(|&d| d as usize).collect::<Vec<_>>());
+                }
+                assert_eq!(&shapes, &dims);
+                shapes
+            };
+            let flat: Vec<Vec<u64>> = one_d.iter().map(|&d| vec![d]).collect();
+            for list in [&a, &b, &flat] {
+                let shapes = build(list);
+                for (i, shape) in list.iter().enumerate() {
+                    proptest::prop_assert_eq!(shapes.get(i), shape.as_slice());
+                }
+                proptest::prop_assert_eq!(shapes.get(list.len()), &[] as &[u64]);
+            }
+            proptest::prop_assert_eq!(build(&a) == build(&b), a == b);
+        }
     }
 
     #[test]

@@ -386,12 +386,10 @@ impl<B: Backend> Engine<B> {
             }
             let ids = Arc::clone(&q.ids);
             let key = self.batches.add(q.completion, Arc::clone(&ids), q.inputs);
-            if let Some(max) = ids.iter().map(|id| id.index()).max() {
-                if self.held.len() <= max {
-                    self.held.resize(max + 1, None);
-                }
-            }
             for (index, id) in ids.iter().enumerate() {
+                if self.held.len() <= id.index() {
+                    self.held.resize(id.index() + 1, None);
+                }
                 // The table refuses a name in flight, so the place is free;
                 // if not (a kolo bug), the part replaced fails when its
                 // submission is dropped.

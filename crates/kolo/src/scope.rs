@@ -161,19 +161,32 @@ impl<'scope> Scope<'scope, '_> {
         let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
         let lease = Some(self.core.leases.lease());
         let mut group = Group::new(template, tensors.size_hint().0, false, lease);
-        for (name, tensor) in tensors {
-            let (data, shape) = tensor.into_parts();
-            if let Some(reason) = shape_problem(&shape, data.len()) {
-                return Err(Error::InvalidArgument {
-                    tensor: name.to_owned(),
-                    reason,
-                });
-            }
-            group.push_lent(name, &shape, data);
-        }
+        lend_all(&mut group, tensors)?;
         let completion = kolo.submit(group)?;
         Ok(Handle::new(completion, |_| Ok(())))
     }
+}
+
+/// Adds every tensor of `tensors` to `group`, lent. Kept out of line: a
+/// loop of its own, whatever the caller's iterator, keeps its few
+/// counters in registers (inlined into a caller's closure it measured
+/// twice as slow per tensor).
+#[inline(never)]
+fn lend_all<'n, 'scope, T: Element>(
+    group: &mut Group<'n>,
+    tensors: impl Iterator<Item = (&'n str, TensorMut<'scope, T>)>,
+) -> Result<(), Error> {
+    for (name, tensor) in tensors {
+        let (data, shape) = tensor.into_parts();
+        if let Some(reason) = shape_problem(&shape, data.len()) {
+            return Err(Error::InvalidArgument {
+                tensor: name.to_owned(),
+                reason,
+            });
+        }
+        group.push_lent(name, &shape, data);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

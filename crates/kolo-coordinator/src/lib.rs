@@ -41,7 +41,9 @@
 //! - **Ids.** Tensors are named once ([`Coordinator::register`]) and
 //!   requested by [`TensorId`]; a request without parameters repeats the
 //!   id's last ones. Cache hits come out as [`Hit`]s (a slot and this
-//!   rank's id) whose responses stay in the cache, read in place.
+//!   rank's id) whose responses stay in the cache, read in place. A
+//!   repeated group handed over as [`Intake::Group`] is taken in and
+//!   settled as one unit while nothing else is pending (see [`pending`]).
 //! - **Deferred books.** [`Coordinator::cycle_deferring`] ends a cycle of
 //!   cache hits only at the agreement ([`Cycle::Hits`]): the caller can
 //!   perform the agreed slots first and settle the cycle with

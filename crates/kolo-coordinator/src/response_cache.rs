@@ -93,15 +93,21 @@ impl Lru {
         self.prev[s] = slot;
     }
 
-    /// True when the most recently used slots are `slots`, oldest first:
-    /// known without a walk when they were the last ones touched and the
-    /// order has not changed since.
-    fn ends_with(&self, slots: &[usize]) -> bool {
-        (self.touched.0 == self.changes && self.touched.1 == slots) || self.walk_ends_with(slots)
+    /// True when `slots` were the last ones touched and the order has not
+    /// changed since: they are still the most recently used, in order.
+    fn touched_last(&self, slots: &[usize]) -> bool {
+        self.touched.0 == self.changes && self.touched.1 == slots
     }
 
-    /// [`Lru::ends_with`], walking the list from its most recent end.
-    fn walk_ends_with(&self, slots: &[usize]) -> bool {
+    /// Remembers `slots` as the most recently used ones, in order.
+    fn remember_touched(&mut self, slots: &[usize]) {
+        self.touched.1.clear();
+        self.touched.1.extend_from_slice(slots);
+        self.touched.0 = self.changes;
+    }
+
+    /// True when the most recently used slots are `slots`, oldest first.
+    fn ends_with(&self, slots: &[usize]) -> bool {
         let mut at = self.prev[self.sentinel()];
         for &slot in slots.iter().rev() {
             if at != slot {
@@ -271,21 +277,17 @@ impl ResponseCache {
     /// (a training step repeating the last), the list is left as it is:
     /// relinking would rebuild it unchanged.
     pub fn touch_all(&mut self, slots: &[usize]) {
+        if self.lru.touched_last(slots) {
+            return;
+        }
         if !self.lru.ends_with(slots) {
             for &slot in slots {
                 self.touch(slot);
             }
-            // (An empty slot is not linked: then the walk says no.)
-            if !self.lru.walk_ends_with(slots) {
-                return;
-            }
         }
-        let changes = self.lru.changes;
-        let touched = &mut self.lru.touched;
-        if touched.0 != changes || touched.1 != slots {
-            touched.1.clear();
-            touched.1.extend_from_slice(slots);
-            touched.0 = changes;
+        // Only occupied slots are linked: then the list ends with them.
+        if slots.iter().all(|&slot| self.name(slot).is_some()) {
+            self.lru.remember_touched(slots);
         }
     }
 

@@ -50,12 +50,14 @@ impl Schedule {
     }
 
     /// Chunk `rank`.
+    #[inline]
     pub(crate) fn chunk(&self, rank: usize) -> Range<usize> {
         self.chunks.get(rank).cloned().unwrap_or(0..0)
     }
 
     /// May rank `me` read or write `range` of any rank's buffer? Only
     /// within chunk `me`.
+    #[inline]
     pub(crate) fn may_access(&self, me: usize, range: &Range<usize>) -> bool {
         contains(&self.chunk(me), range)
     }
@@ -155,6 +157,7 @@ impl<I: Iterator<Item = usize>> Iterator for Runs<I> {
 
 /// True if `inner` lies within `outer` (an empty `inner` inside or at the
 /// edge counts).
+#[inline]
 pub(crate) fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
     outer.start <= inner.start && inner.end <= outer.end && inner.start <= inner.end
 }

@@ -168,9 +168,9 @@ impl<'scope> Scope<'scope, '_> {
 }
 
 /// Adds every tensor of `tensors` to `group`, lent. Kept out of line: a
-/// loop of its own, whatever the caller's iterator, keeps its few
-/// counters in registers (inlined into a caller's closure it measured
-/// twice as slow per tensor).
+/// loop of its own, whatever the caller's iterator (inlined into
+/// kolo-bench's step closure, it spilled its vectors' lengths to the
+/// stack on every tensor).
 #[inline(never)]
 fn lend_all<'n, 'scope, T: Element>(
     group: &mut Group<'n>,

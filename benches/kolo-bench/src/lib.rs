@@ -37,6 +37,7 @@ pub mod direct;
 pub mod engine;
 pub mod engine_case;
 pub mod error;
+pub mod floor;
 pub mod launcher;
 pub mod op;
 pub mod plan;

@@ -253,3 +253,31 @@ fn compare_on_threads_prints_direct_and_engine_side_by_side() {
         );
     }
 }
+
+#[test]
+fn the_memory_floor_prints_its_row_and_refuses_a_bad_size() {
+    let floor = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memory-floor"))
+            .args(args)
+            .output()
+            .expect("the memory-floor binary runs")
+    };
+    let out = floor(&[
+        "--ranks", "3", "--bytes", "64K", "--iters", "3", "--warmup", "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}");
+    let row: Vec<&str> = stdout
+        .lines()
+        .find(|l| !l.starts_with('#') && l.trim_start().starts_with(char::is_numeric))
+        .expect("a result row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[0], "65536", "{stdout}");
+    assert!(row[1].parse::<f64>().is_ok_and(|us| us > 0.0), "{stdout}");
+
+    let out = floor(&["--bytes", "6"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("6 bytes"), "{stderr}");
+}

@@ -404,12 +404,10 @@ impl<B: Backend> Engine<B> {
 
     /// Counts the cycle and writes its negotiation to the timeline.
     fn record_cycle(&self, output: &CycleOutput, busy: bool) {
-        {
-            let mut stats = self.shared.stats.lock();
-            stats.cycles += 1;
-            stats.gathered_cycles += u64::from(output.stats.gathered);
-            stats.cache_hits += output.stats.cache_hits as u64;
-        }
+        self.shared
+            .stats
+            .lock()
+            .record_cycle(output.stats.gathered, output.stats.cache_hits);
         if !self.timeline.is_enabled() {
             return;
         }
@@ -526,9 +524,10 @@ impl<B: Backend> Engine<B> {
         }
         let ids = Arc::clone(ids);
         {
+            // The cycle as `record_cycle` counts it once settled (all
+            // hits, nothing gathered), and its one operation.
             let mut stats = self.shared.stats.lock();
-            stats.cycles += 1;
-            stats.cache_hits += slots.len() as u64;
+            stats.record_cycle(false, slots.len());
             stats.record_operation(slots.len());
         }
         with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));

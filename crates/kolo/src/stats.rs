@@ -26,6 +26,14 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counts one negotiation cycle: whether it gathered request lists to
+    /// rank 0, and how many responses the cache settled.
+    pub(crate) fn record_cycle(&mut self, gathered: bool, cache_hits: usize) {
+        self.cycles += 1;
+        self.gathered_cycles += u64::from(gathered);
+        self.cache_hits += cache_hits as u64;
+    }
+
     /// Counts one data-plane operation that carried `tensors` tensors.
     pub(crate) fn record_operation(&mut self, tensors: usize) {
         self.operations += 1;
@@ -50,6 +58,18 @@ impl Stats {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn cycles_count_what_they_gathered_and_settled() {
+        let mut stats = Stats::default();
+        stats.record_cycle(true, 3);
+        stats.record_cycle(false, 2);
+        stats.record_cycle(false, 0);
+        assert_eq!(
+            (stats.cycles, stats.gathered_cycles, stats.cache_hits),
+            (3, 1, 5)
+        );
+    }
 
     proptest! {
         #[test]

@@ -30,7 +30,7 @@
 //! ```
 
 use crate::error::BenchError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// What to measure.
@@ -87,6 +87,9 @@ pub fn measure(spec: &FloorSpec) -> Result<Floor, BenchError> {
             .map(|rank| {
                 let (shared, barrier) = (&shared, &barrier);
                 s.spawn(move || {
+                    // A panic here breaks the barrier: the other ranks stop
+                    // at their next wait instead of waiting for this one.
+                    let _breaks = BreaksOnPanic(barrier);
                     let send: Vec<f32> = (0..len).map(|i| input(rank, i)).collect();
                     let mut times = Vec::with_capacity(spec.iters);
                     for step in 0..steps {
@@ -95,13 +98,17 @@ pub fn measure(spec: &FloorSpec) -> Result<Floor, BenchError> {
                         // touches its own buffer (peers touch it only
                         // between the two barriers of a step).
                         unsafe { shared.own(rank) }.copy_from_slice(&send);
-                        barrier.wait();
+                        if !barrier.wait() {
+                            break;
+                        }
                         let start = Instant::now();
                         // SAFETY: between this step's two barriers, rank
                         // `rank` alone touches chunk `rank` of every buffer
                         // (the chunks of the ranks are disjoint).
                         unsafe { shared.reduce_chunk(rank, run) };
-                        barrier.wait();
+                        if !barrier.wait() {
+                            break;
+                        }
                         if step >= spec.warmup {
                             times.push(start.elapsed().as_secs_f64() * 1e6);
                         }
@@ -195,10 +202,11 @@ impl Shared {
 
 /// A barrier that spins and yields (no sleep): the ranks leave within a
 /// scheduler pass of the last arrival, as kolo-threads' barrier does while
-/// its ranks fit the cores.
+/// its ranks fit the cores. A rank that panicked breaks it.
 struct SpinBarrier {
     ranks: usize,
     arrived: AtomicUsize,
+    broken: AtomicBool,
 }
 
 impl SpinBarrier {
@@ -206,18 +214,35 @@ impl SpinBarrier {
         SpinBarrier {
             ranks,
             arrived: AtomicUsize::new(0),
+            broken: AtomicBool::new(false),
         }
     }
 
-    /// Waits until every rank has called `wait` as often as this one.
-    /// Arrivals before it happen-before the return (release/acquire on
-    /// the counter).
-    fn wait(&self) {
+    /// Waits until every rank has called `wait` as often as this one, and
+    /// returns true; false if the barrier broke first (the caller then
+    /// stops touching the buffers). Arrivals before it happen-before a
+    /// true return (release/acquire on the counter).
+    fn wait(&self) -> bool {
         let mine = self.arrived.fetch_add(1, Ordering::AcqRel) + 1;
         // The generation this arrival belongs to ends at a multiple of ranks.
         let target = mine.div_ceil(self.ranks) * self.ranks;
         while self.arrived.load(Ordering::Acquire) < target {
+            if self.broken.load(Ordering::Acquire) {
+                return false;
+            }
             std::thread::yield_now();
+        }
+        true
+    }
+}
+
+/// Breaks the barrier if dropped while its thread unwinds.
+struct BreaksOnPanic<'b>(&'b SpinBarrier);
+
+impl Drop for BreaksOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.broken.store(true, Ordering::Release);
         }
     }
 }
@@ -242,6 +267,30 @@ mod tests {
                 assert_eq!(floor.wrong, 0, "{spec:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_rank_that_panics_breaks_the_barrier_instead_of_hanging_the_others() {
+        let barrier = SpinBarrier::new(2);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| barrier.wait());
+            let panicker = s.spawn(|| {
+                let _breaks = BreaksOnPanic(&barrier);
+                panic!("a rank fails before its first wait");
+            });
+            assert!(panicker.join().is_err());
+            assert!(
+                !waiter.join().unwrap(),
+                "the waiter is told the barrier broke"
+            );
+        });
+        // Unbroken, every rank passes.
+        let whole = SpinBarrier::new(2);
+        std::thread::scope(|s| {
+            let a = s.spawn(|| whole.wait() && whole.wait());
+            assert!(whole.wait() && whole.wait());
+            assert!(a.join().unwrap());
+        });
     }
 
     #[test]

@@ -31,6 +31,10 @@ use std::sync::Arc;
 /// Below this many names the table never reclaims ids.
 const RECLAIM_FLOOR: usize = 4096;
 
+/// The list of live submissions is swept whole only once it holds this
+/// many (and twice as many as after the last sweep).
+const LIVE_SWEEP_FLOOR: usize = 64;
+
 /// Groups of at least this many tensors are remembered.
 const MEMO_MIN_TENSORS: usize = 8;
 
@@ -147,8 +151,11 @@ pub(crate) struct Table {
     free: Vec<TensorId>,
     /// Submissions that may have tensors in flight, by sequence number
     /// (ascending): a name's `flight` refers to one of them, or to one
-    /// done and forgotten.
+    /// done and forgotten. Done ones are forgotten lazily (see
+    /// [`Table::prune_live`]).
     live: Vec<(u64, Arc<Completion>)>,
+    /// Sweep `live` whole once it is this long.
+    sweep_live_at: usize,
     /// What the background thread takes next. Submitters only wake the
     /// thread when the queue was empty: a burst of submissions costs one
     /// wake-up, not one per tensor.
@@ -207,7 +214,7 @@ impl Table {
         }
         self.submissions += 1;
         let seq = self.submissions;
-        self.live.retain(|(_, c)| !c.is_done());
+        self.prune_live();
         let memo = self
             .memos
             .iter()
@@ -273,6 +280,29 @@ impl Table {
         Ok((completion, wake))
     }
 
+    /// Forgets done submissions: at each insert the ones before the first
+    /// that is not done (they usually finish in the order submitted, so
+    /// this is O(1) per insert: a burst of 1,000 separate submissions
+    /// while the first is pending touches one entry each), and every done
+    /// one once the list has doubled since the last sweep (amortized O(1)
+    /// whatever the order).
+    fn prune_live(&mut self) {
+        let done = self.live.iter().take_while(|(_, c)| c.is_done()).count();
+        self.live.drain(..done);
+        if self.live.len() >= self.sweep_live_at.max(LIVE_SWEEP_FLOOR) {
+            self.live.retain(|(_, c)| !c.is_done());
+            self.sweep_live_at = 2 * self.live.len();
+        }
+    }
+
+    /// True when submission `seq` is done (or forgotten, hence done).
+    fn submission_done(&self, seq: u64) -> bool {
+        match self.live.binary_search_by_key(&seq, |(s, _)| *s) {
+            Ok(at) => self.live[at].1.is_done(),
+            Err(_) => true,
+        }
+    }
+
     /// Checks a group remembered in `memos[at]`: its ids, and whether all
     /// of it repeats the last submission (same shapes and parameters).
     fn insert_remembered(
@@ -285,10 +315,7 @@ impl Table {
         let (ids, names) = (Arc::clone(&memo.ids), Arc::clone(&memo.names));
         // The usual case: every name's last submission was this group's
         // last one, which is done.
-        let last_done = self
-            .live
-            .binary_search_by_key(&memo.last, |(s, _)| *s)
-            .is_err();
+        let last_done = self.submission_done(memo.last);
         // Checked and moved to this submission in one pass: an id whose
         // flight is elsewhere puts the ones before it back (each was part
         // `index` of submission `memo.last`, the same group).
@@ -610,6 +637,38 @@ mod tests {
         let ids = |s: &[Submission]| s.iter().map(|s| s.id).collect::<Vec<_>>();
         assert_eq!(ids(&again), ids(&first));
         assert!(named.is_empty());
+    }
+
+    #[test]
+    fn done_submissions_are_forgotten_whatever_their_order() {
+        let mut w = World::default();
+        let names: Vec<String> = (0..1000).map(|i| format!("t{i}")).collect();
+        for name in &names {
+            w.insert(&[name]).unwrap();
+        }
+        // The first stays pending; every other one completes, in reverse.
+        for name in names[1..].iter().rev() {
+            assert!(w.complete(name));
+        }
+        for round in 0..3 {
+            for name in &names[1..] {
+                w.insert(&[name]).unwrap();
+                assert!(w.complete(name), "round {round}: {name}");
+            }
+        }
+        assert!(
+            w.table.live.len() <= 2 * LIVE_SWEEP_FLOOR,
+            "{} submissions remembered behind a pending one",
+            w.table.live.len()
+        );
+        assert_eq!(
+            w.insert(&["t0"]).err(),
+            Some(Error::DuplicateName { tensor: "t0".into() }),
+            "the pending one is still in flight"
+        );
+        assert!(w.complete("t0"));
+        w.insert(&["t0"]).unwrap();
+        assert_eq!(w.table.live.len(), 1, "only the new one is live");
     }
 
     #[test]

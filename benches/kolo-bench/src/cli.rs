@@ -71,6 +71,12 @@ pub struct Args {
     /// which reduces them in place (no copy in or out of the engine).
     #[arg(long, requires = "engine")]
     pub scoped: bool,
+    /// Engine mode: submit the allreduce tensors as one `kolo::TensorGroup`
+    /// made before the timing (`Scope::allreduce_group_async`: in a scope,
+    /// grouped, and the engine reads no name per step). Implies
+    /// `--scoped --grouped`.
+    #[arg(long, requires = "engine")]
+    pub tensor_group: bool,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then
     /// kolo's default).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "engine")]

@@ -47,8 +47,9 @@ impl EngineOptions {
         Ok(EngineOptions {
             tensors: args.tensors,
             submission: Submission {
-                grouped: args.grouped,
-                scoped: args.scoped,
+                grouped: args.grouped || args.tensor_group,
+                scoped: args.scoped || args.tensor_group,
+                tensor_group: args.tensor_group,
             },
             config,
         })
@@ -82,7 +83,9 @@ pub fn engine_plan(
     if ops.len() < plan.ops.len() {
         reporter.print("# sendrecv: skipped (the engine has no send/recv)")?;
     }
-    let grouped = if options.submission.grouped {
+    let grouped = if options.submission.tensor_group {
+        ", grouped allreduce of one TensorGroup"
+    } else if options.submission.grouped {
         ", grouped allreduce"
     } else {
         ""

@@ -45,6 +45,9 @@ pub struct Submission {
     pub grouped: bool,
     /// Inside a `Kolo::scope`: the engine reduces the buffers in place.
     pub scoped: bool,
+    /// The grouped allreduce's names as one `kolo::TensorGroup` (with
+    /// `grouped` and `scoped`).
+    pub tensor_group: bool,
 }
 
 /// The buffers of one rank for one spec, split into tensors.
@@ -55,6 +58,8 @@ pub struct EngineCase<T> {
     /// How allreduces are submitted.
     submission: Submission,
     names: Vec<String>,
+    /// The names as one group.
+    group: kolo::TensorGroup,
     /// Tensor i's part of a rank block (of the whole buffer for allreduce
     /// and broadcast).
     parts: Vec<Range<usize>>,
@@ -109,11 +114,14 @@ impl<T: Element> EngineCase<T> {
                 .collect(),
             _ => Vec::new(),
         };
+        let names: Vec<String> = (0..tensors).map(|i| format!("t{i}")).collect();
+        let group = kolo::TensorGroup::new(&names).ok()?;
         Some(EngineCase {
             spec,
             rank,
             submission,
-            names: (0..tensors).map(|i| format!("t{i}")).collect(),
+            names,
+            group,
             parts,
             send,
             recv,
@@ -138,9 +146,16 @@ impl<T: Element> EngineCase<T> {
         match self.spec.op {
             BenchOp::Allreduce if self.submission.scoped => {
                 let slices = split_mut(&mut self.recv, &self.parts);
-                let names = &self.names;
-                let grouped = self.submission.grouped;
+                let (names, group) = (&self.names, &self.group);
+                let Submission {
+                    grouped,
+                    tensor_group,
+                    ..
+                } = self.submission;
                 kolo.scope(|s| {
+                    if tensor_group {
+                        return s.allreduce_group_async(group, slices, op)?.wait();
+                    }
                     if grouped {
                         let views = names
                             .iter()

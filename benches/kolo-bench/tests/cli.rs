@@ -114,7 +114,14 @@ fn engine_mode_fuses_k_tensors_correctly() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let json = dir.path().join("engine.json");
     let json_arg = json.to_str().expect("a UTF-8 temporary path");
-    for (grouped, scoped) in [(false, false), (true, false), (false, true), (true, true)] {
+    let modes = [
+        ["", ""],
+        ["--grouped", ""],
+        ["--scoped", ""],
+        ["--scoped", "--grouped"],
+        ["--tensor-group", ""],
+    ];
+    for mode in modes {
         let mut args = vec![
             "--engine",
             "--tensors",
@@ -142,12 +149,7 @@ fn engine_mode_fuses_k_tensors_correctly() {
             "--json",
             json_arg,
         ];
-        if grouped {
-            args.push("--grouped");
-        }
-        if scoped {
-            args.push("--scoped");
-        }
+        args.extend(mode.into_iter().filter(|flag| !flag.is_empty()));
         let out = kolo_bench(&args);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -156,6 +158,12 @@ fn engine_mode_fuses_k_tensors_correctly() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains("# sendrecv: skipped"), "{stdout}");
+        if mode[0] == "--tensor-group" {
+            assert!(
+                stdout.contains("of one TensorGroup, in a scope"),
+                "{stdout}"
+            );
+        }
         let rows: Vec<serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file"))
                 .expect("a JSON array");

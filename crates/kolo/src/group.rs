@@ -1,21 +1,138 @@
 //! One submission's tensors as the submitting thread gathers them, in the
 //! shape that costs least to check against the last submission and to hand
-//! to the background thread: the names as given (borrowed), the shapes
-//! flat in one buffer, and — for a group of lent tensors of one element
-//! type — one (address, length) pair per tensor.
+//! to the background thread: the names as given (borrowed, or a
+//! [`TensorGroup`]'s, checked once), the shapes flat in one buffer, and —
+//! for a group of lent tensors of one element type — one (address, length)
+//! pair per tensor.
 
+use crate::error::Error;
+use crate::handle::TensorNames;
 use crate::lease::Lease;
 use crate::scope::Lent;
 use crate::table::Input;
 use kolo_protocol::Params;
+use rustc_hash::FxHashMap;
 use std::any::TypeId;
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// The names of a group of tensors submitted together step after step (a
+/// model's gradients, a bucket of them), checked once: a submission with
+/// a `TensorGroup` passes only the buffers, and the engine recognises the
+/// group without reading a name (as MPI's persistent collectives and
+/// PyTorch DDP's buckets fix what repeats). Cheap to clone: clones are the
+/// same group.
+///
+/// ```
+/// let names: Vec<String> = (0..8).map(|i| format!("grad/{i}")).collect();
+/// let group = kolo::TensorGroup::new(&names)?;
+/// kolo::threads::run(2, kolo::Config::default(), |kolo| {
+///     let mut grads = vec![vec![kolo.rank() as f32 + 1.0; 64]; 8];
+///     for _step in 0..3 {
+///         kolo.scope(|s| {
+///             let bufs = grads.iter_mut().map(|g| &mut g[..]);
+///             s.allreduce_group_async(&group, bufs, kolo::ReduceOp::Average)?.wait()
+///         })?;
+///     }
+///     assert!(grads.iter().flatten().all(|&x| x == 1.5));
+///     Ok(())
+/// })?;
+/// # Ok::<(), kolo::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct TensorGroup {
+    names: Arc<TensorNames>,
+}
+
+impl TensorGroup {
+    /// The group of `names`, in order (the order in which every later
+    /// submission passes the buffers). A name given twice is an
+    /// [`Error::InvalidArgument`] naming it and both places.
+    pub fn new<I>(names: I) -> Result<TensorGroup, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names = names.into_iter();
+        let mut list = TensorNames::with_capacity(names.size_hint().0);
+        let mut seen: FxHashMap<String, usize> = FxHashMap::default();
+        for (index, name) in names.enumerate() {
+            let name = name.as_ref();
+            if let Some(first) = seen.insert(name.to_owned(), index) {
+                return Err(Error::InvalidArgument {
+                    tensor: name.to_owned(),
+                    reason: format!("named twice in a tensor group (tensors {first} and {index})"),
+                });
+            }
+            list.push(name);
+        }
+        Ok(TensorGroup {
+            names: Arc::new(list),
+        })
+    }
+
+    /// The number of tensors.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True for a group of no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.names.len() == 0
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter()
+    }
+
+    /// The name of tensor `index` ("" when out of range).
+    pub(crate) fn name(&self, index: usize) -> &str {
+        self.names.get(index)
+    }
+}
+
+impl std::fmt::Debug for TensorGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorGroup")
+            .field("len", &self.len())
+            .field("first", &self.names.first())
+            .finish()
+    }
+}
+
+/// A submission's names.
+pub(crate) enum Names<'n> {
+    /// Given tensor by tensor.
+    Each(Vec<&'n str>),
+    /// A [`TensorGroup`]'s: unique, and the same list (by address) at every
+    /// submission of the group.
+    Known(Arc<TensorNames>),
+}
+
+impl Names<'_> {
+    /// The number of names.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Names::Each(names) => names.len(),
+            Names::Known(names) => names.len(),
+        }
+    }
+
+    /// Name `index` ("" when out of range).
+    pub(crate) fn get(&self, index: usize) -> &str {
+        match self {
+            Names::Each(names) => names.get(index).copied().unwrap_or_default(),
+            Names::Known(names) => names.get(index),
+        }
+    }
+}
 
 /// The tensors of one submission, gathered before they enter the table:
 /// one set of parameters (the template's) for all, each with its shape.
 pub(crate) struct Group<'n> {
     pub(crate) template: Params,
-    pub(crate) names: Vec<&'n str>,
+    pub(crate) names: Names<'n>,
     pub(crate) shapes: Shapes,
     pub(crate) inputs: Inputs,
     /// The handle gets each tensor's output.
@@ -35,7 +152,7 @@ impl<'n> Group<'n> {
     ) -> Self {
         Group {
             template,
-            names: Vec::with_capacity(capacity),
+            names: Names::Each(Vec::with_capacity(capacity)),
             shapes: Shapes::with_capacity(capacity),
             inputs: Inputs::with_capacity(capacity),
             payloads,
@@ -43,16 +160,38 @@ impl<'n> Group<'n> {
         }
     }
 
+    /// An empty submission of the tensors of `group` (their inputs are
+    /// pushed with [`Group::push_lent_data`], in the group's order).
+    pub(crate) fn known(template: Params, group: &TensorGroup, lease: Option<Lease>) -> Self {
+        let capacity = group.len();
+        Group {
+            template,
+            names: Names::Known(Arc::clone(&group.names)),
+            shapes: Shapes::with_capacity(capacity),
+            inputs: Inputs::with_capacity(capacity),
+            payloads: false,
+            lease,
+        }
+    }
+
+    /// Adds `name` (to a group of names given one by one).
+    #[inline]
+    fn push_name(&mut self, name: &'n str) {
+        if let Names::Each(names) = &mut self.names {
+            names.push(name);
+        }
+    }
+
     /// Adds a tensor of `shape`.
     pub(crate) fn push(&mut self, name: &'n str, shape: &[u64], input: Input) {
-        self.names.push(name);
+        self.push_name(name);
         self.shapes.push(shape);
         self.inputs.push(input);
     }
 
     /// Adds a tensor of the dimensions `dims`.
     pub(crate) fn push_dims(&mut self, name: &'n str, dims: &[usize], input: Input) {
-        self.names.push(name);
+        self.push_name(name);
         self.shapes.push_dims(dims);
         self.inputs.push(input);
     }
@@ -65,14 +204,30 @@ impl<'n> Group<'n> {
         dims: &[usize],
         data: &mut [T],
     ) {
-        self.names.push(name);
+        self.push_name(name);
+        self.push_lent_data(dims, data);
+    }
+
+    /// Adds the next tensor of a [`TensorGroup`]'s submission: of the
+    /// dimensions `dims`, lent from `data`.
+    #[inline]
+    pub(crate) fn push_lent_data<T: kolo_transport::Element>(
+        &mut self,
+        dims: &[usize],
+        data: &mut [T],
+    ) {
         self.shapes.push_dims(dims);
         self.inputs.push_lent(data);
     }
 
-    /// Number of tensors.
+    /// Number of tensors (of a [`TensorGroup`]'s submission: the group's).
     pub(crate) fn len(&self) -> usize {
         self.names.len()
+    }
+
+    /// Number of inputs pushed so far.
+    pub(crate) fn inputs(&self) -> usize {
+        self.inputs.len()
     }
 }
 
@@ -229,6 +384,14 @@ impl Inputs {
         let (ptr, len) = (NonNull::from(&mut *data).cast(), data.len());
         if !self.push_segment(TypeId::of::<T>(), ptr, len) {
             self.push(Input::Lent(Lent::new(data)));
+        }
+    }
+
+    /// The number of inputs.
+    fn len(&self) -> usize {
+        match self {
+            Inputs::Lent { segments, .. } => segments.len(),
+            Inputs::Each(each) => each.len(),
         }
     }
 

@@ -60,6 +60,7 @@ pub mod threads;
 pub use config::{BackendKind, Config, LogLevel};
 pub use engine::Kolo;
 pub use error::Error;
+pub use group::TensorGroup;
 pub use handle::Handle;
 pub use kolo_protocol::{DataType, ReduceOp};
 pub use kolo_transport::Element;

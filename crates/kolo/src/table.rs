@@ -21,7 +21,7 @@
 //! submission's completion.
 
 use crate::error::Error;
-use crate::group::{Group, Inputs, Shapes};
+use crate::group::{Group, Inputs, Names, Shapes};
 use crate::handle::{Completion, Payload, TensorNames};
 use kolo_coordinator::{Submission, TensorId};
 use kolo_protocol::Params;
@@ -38,8 +38,12 @@ const LIVE_SWEEP_FLOOR: usize = 64;
 /// Groups of at least this many tensors are remembered.
 const MEMO_MIN_TENSORS: usize = 8;
 
-/// How many groups are remembered.
+/// How many groups of names given one by one are remembered.
 const MEMO_GROUPS: usize = 4;
+
+/// How many [`crate::TensorGroup`]s are remembered (found by address, so
+/// many cost nothing: a model's buckets).
+const KNOWN_GROUPS: usize = 256;
 
 /// What the engine gets of one tensor's input.
 pub(crate) enum Input {
@@ -160,8 +164,10 @@ pub(crate) struct Table {
     /// thread when the queue was empty: a burst of submissions costs one
     /// wake-up, not one per tensor.
     queue: Taken,
-    /// The last groups submitted.
+    /// The last groups submitted with names given one by one.
     memos: Vec<Memo>,
+    /// The last [`crate::TensorGroup`]s submitted.
+    known: Vec<Memo>,
     /// Submissions so far (each one's sequence number).
     submissions: u64,
     /// Reclaim ids once this many names are known.
@@ -215,10 +221,11 @@ impl Table {
         self.submissions += 1;
         let seq = self.submissions;
         self.prune_live();
-        let memo = self
-            .memos
-            .iter()
-            .position(|m| m.names.matches(&group.names));
+        let known = matches!(group.names, Names::Known(_));
+        let memo = match &group.names {
+            Names::Each(names) => self.memos.iter().position(|m| m.names.matches(names)),
+            Names::Known(names) => self.known.iter().position(|m| Arc::ptr_eq(&m.names, names)),
+        };
         let Checked {
             ids,
             names,
@@ -259,8 +266,8 @@ impl Table {
                     Some(Box::new(params))
                 });
             }
-            if ids.len() >= MEMO_MIN_TENSORS {
-                self.remember(&ids, completion.names(), shapes, template, seq);
+            if known || ids.len() >= MEMO_MIN_TENSORS {
+                self.remember(known, &ids, completion.names(), shapes, template, seq);
             }
             Requests::Each(each)
         };
@@ -303,15 +310,21 @@ impl Table {
         }
     }
 
-    /// Checks a group remembered in `memos[at]`: its ids, and whether all
-    /// of it repeats the last submission (same shapes and parameters).
+    /// Checks a group remembered in `memos[at]` (`known[at]` for a
+    /// [`crate::TensorGroup`]): its ids, and whether all of it repeats the
+    /// last submission (same shapes and parameters).
     fn insert_remembered(
         &mut self,
         at: usize,
         group: &Group<'_>,
         seq: u64,
     ) -> Result<Checked, Error> {
-        let memo = &self.memos[at];
+        let known = matches!(group.names, Names::Known(_));
+        let memo = if known {
+            &self.known[at]
+        } else {
+            &self.memos[at]
+        };
         let (ids, names) = (Arc::clone(&memo.ids), Arc::clone(&memo.names));
         // The usual case: every name's last submission was this group's
         // last one, which is done.
@@ -340,12 +353,7 @@ impl Table {
                 let slot = &mut self.slots[id.index()];
                 if Table::flying(&self.live, flight) || slot.mark == seq {
                     return Err(Error::DuplicateName {
-                        tensor: group
-                            .names
-                            .get(index)
-                            .copied()
-                            .unwrap_or_default()
-                            .to_owned(),
+                        tensor: group.names.get(index).to_owned(),
                     });
                 }
                 slot.mark = seq;
@@ -354,7 +362,11 @@ impl Table {
         let repeat =
             untouched && memo.template.same_as(&group.template) && memo.shapes == group.shapes;
         if repeat {
-            self.memos[at].last = seq;
+            if known {
+                self.known[at].last = seq;
+            } else {
+                self.memos[at].last = seq;
+            }
         }
         Ok(Checked {
             ids,
@@ -367,7 +379,11 @@ impl Table {
     /// Interns and checks the names of a group not remembered.
     fn insert_new(&mut self, group: &Group<'_>, seq: u64) -> Result<Checked, Error> {
         let mut ids = Vec::with_capacity(group.len());
-        for &name in &group.names {
+        let each: Box<dyn Iterator<Item = &str>> = match &group.names {
+            Names::Each(names) => Box::new(names.iter().copied()),
+            Names::Known(names) => Box::new(names.iter()),
+        };
+        for name in each {
             let id = self.intern(name);
             let flight = self.flights[id.index()];
             let slot = &mut self.slots[id.index()];
@@ -379,30 +395,43 @@ impl Table {
             slot.mark = seq;
             ids.push(id);
         }
-        let mut names = TensorNames::with_capacity(group.len());
-        group.names.iter().for_each(|name| names.push(name));
+        let names = match &group.names {
+            Names::Each(each) => {
+                let mut names = TensorNames::with_capacity(each.len());
+                each.iter().for_each(|name| names.push(name));
+                Arc::new(names)
+            }
+            Names::Known(names) => Arc::clone(names),
+        };
         Ok(Checked {
             ids: ids.into(),
-            names: Arc::new(names),
+            names,
             repeat: false,
             flown: false,
         })
     }
 
-    /// Remembers a group just submitted (the oldest memo goes).
+    /// Remembers a group just submitted (a [`crate::TensorGroup`] when
+    /// `known`); the oldest memo of its kind goes.
     fn remember(
         &mut self,
+        known: bool,
         ids: &Arc<[TensorId]>,
         names: &Arc<TensorNames>,
         shapes: Shapes,
         template: Params,
         seq: u64,
     ) {
-        self.memos.retain(|m| !Arc::ptr_eq(&m.names, names));
-        if self.memos.len() == MEMO_GROUPS {
-            self.memos.remove(0);
+        let (memos, bound) = if known {
+            (&mut self.known, KNOWN_GROUPS)
+        } else {
+            (&mut self.memos, MEMO_GROUPS)
+        };
+        memos.retain(|m| !Arc::ptr_eq(&m.names, names));
+        if memos.len() == bound {
+            memos.remove(0);
         }
-        self.memos.push(Memo {
+        memos.push(Memo {
             names: Arc::clone(names),
             ids: Arc::clone(ids),
             shapes,
@@ -442,6 +471,7 @@ impl Table {
         self.live.retain(|(_, c)| !c.is_done());
         // Remembered groups may name freed ids.
         self.memos.clear();
+        self.known.clear();
         for (index, (slot, flight)) in self.slots.iter_mut().zip(&mut self.flights).enumerate() {
             let id = TensorId(index as u32);
             if Table::flying(&self.live, *flight) || slot.name.is_none() || !forget(id) {
@@ -485,6 +515,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group::TensorGroup;
     use kolo_protocol::{DataType, RequestKind};
     use std::collections::HashMap;
 
@@ -511,6 +542,16 @@ mod tests {
                 group.push(name, &[len], Input::None);
             }
             self.table.insert(group).map(|(_, wake)| wake)
+        }
+
+        /// Submits the tensors of `group` (each of shape [1]).
+        fn insert_group(&mut self, group: &TensorGroup) -> Result<bool, Error> {
+            let mut submission = Group::known(template(), group, None);
+            let mut one = [0.0f32];
+            for _ in 0..group.len() {
+                submission.push_lent_data(&[1], &mut one[..]);
+            }
+            self.table.insert(submission).map(|(_, wake)| wake)
         }
 
         /// Takes the queue as the background thread does.
@@ -640,6 +681,89 @@ mod tests {
     }
 
     #[test]
+    fn tensor_groups_are_found_by_address_and_many_are_remembered() {
+        let mut w = World::default();
+        let groups: Vec<(Vec<String>, TensorGroup)> = (0..2 * MEMO_GROUPS + 2)
+            .map(|g| {
+                let names: Vec<String> = (0..3).map(|i| format!("g{g}/t{i}")).collect();
+                let group = TensorGroup::new(&names).unwrap();
+                (names, group)
+            })
+            .collect();
+        let mut first_ids = Vec::new();
+        for (names, group) in &groups {
+            w.insert_group(group).unwrap();
+            let (first, named) = w.take();
+            assert!(first.iter().all(|s| s.params.is_some()));
+            assert_eq!(named.len(), 3);
+            first_ids.push(first.iter().map(|s| s.id).collect::<Vec<_>>());
+            for name in names {
+                assert!(w.complete(name));
+            }
+        }
+        assert_eq!(w.table.known.len(), groups.len());
+        assert!(w.table.memos.is_empty(), "names given one by one: none");
+        for ((names, group), ids) in groups.iter().zip(&first_ids) {
+            w.insert_group(&group.clone()).unwrap();
+            let (again, named) = w.take();
+            assert!(
+                again.iter().all(|s| s.params.is_none()) && named.is_empty(),
+                "a clone is the same group: a repeat"
+            );
+            assert_eq!(&again.iter().map(|s| s.id).collect::<Vec<_>>(), ids);
+            for name in names {
+                assert!(w.complete(name));
+            }
+        }
+    }
+
+    #[test]
+    fn a_tensor_group_shares_ids_and_flight_checks_with_its_names_one_by_one() {
+        let mut w = World::default();
+        let names: Vec<String> = (0..MEMO_MIN_TENSORS).map(|i| format!("n{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let group = TensorGroup::new(&names).unwrap();
+        w.insert(&refs).unwrap();
+        let (first, _) = w.take();
+        for name in &refs {
+            assert!(w.complete(name));
+        }
+        w.insert_group(&group).unwrap();
+        let (grouped, named) = w.take();
+        let ids = |s: &[Submission]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(ids(&grouped), ids(&first));
+        assert!(named.is_empty());
+        assert_eq!(
+            w.insert(&[refs[2]]).err(),
+            Some(Error::DuplicateName {
+                tensor: refs[2].into()
+            }),
+            "a group's tensor is in flight by its name"
+        );
+        assert_eq!(
+            w.insert_group(&group).err(),
+            Some(Error::DuplicateName {
+                tensor: refs[0].into()
+            }),
+            "a group in flight is refused"
+        );
+        assert!(w.complete(refs[0]));
+        assert_eq!(
+            w.insert_group(&group).err(),
+            Some(Error::DuplicateName {
+                tensor: refs[1].into()
+            }),
+            "the first tensor still in flight is named"
+        );
+        for name in &refs[1..] {
+            assert!(w.complete(name));
+        }
+        w.insert_group(&group).unwrap();
+        w.insert(&["other"]).unwrap();
+        assert!(w.take().0.len() == MEMO_MIN_TENSORS + 1);
+    }
+
+    #[test]
     fn done_submissions_are_forgotten_whatever_their_order() {
         let mut w = World::default();
         let names: Vec<String> = (0..1000).map(|i| format!("t{i}")).collect();
@@ -663,7 +787,9 @@ mod tests {
         );
         assert_eq!(
             w.insert(&["t0"]).err(),
-            Some(Error::DuplicateName { tensor: "t0".into() }),
+            Some(Error::DuplicateName {
+                tensor: "t0".into()
+            }),
             "the pending one is still in flight"
         );
         assert!(w.complete("t0"));

@@ -2,7 +2,7 @@
 //! never the results.
 
 use crate::{digest, Digest, Rng};
-use kolo::{Error, Kolo, ReduceOp, Stats, TensorMut};
+use kolo::{Error, Kolo, ReduceOp, Stats, TensorGroup, TensorMut};
 
 /// The counters that moved between two snapshots.
 fn delta(before: &Stats, after: &Stats) -> (u64, u64, u64, u64) {
@@ -181,9 +181,9 @@ pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
 /// submitted as one grouped allreduce of borrowed memory (the engine's
 /// repeat path: the step is performed as soon as every rank agrees, the
 /// bookkeeping after), except that each rank now and then submits the
-/// same tensors one by one instead, and one step adds a tensor to the
-/// group. Every rank's way of submitting meets every other's in the same
-/// collective; every step's results are exact.
+/// same tensors one by one or as a [`TensorGroup`] instead, and one step
+/// adds a tensor to the group. Every rank's way of submitting meets every
+/// other's in the same collective; every step's results are exact.
 pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
     const TENSORS: usize = 12;
     const STEPS: usize = 14;
@@ -192,6 +192,7 @@ pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
     let sizes: Vec<usize> = (0..TENSORS).map(|t| 1 + (t * 37) % 300).collect();
     let value =
         |step: usize, rank: usize, t: usize, i: usize| ((step + 2 * rank + t + i) % 17) as f32;
+    let group = TensorGroup::new(&names)?;
     let mut bits = Vec::new();
     let before = kolo.stats();
     for step in 0..STEPS {
@@ -208,6 +209,12 @@ pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
                 .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
                 .collect::<Result<Vec<_>, _>>()?;
             handles.into_iter().try_for_each(|h| h.wait())?;
+            if step == 7 {
+                kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
+            }
+        } else if (step + r) % 4 == 1 {
+            let mut views: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            kolo.allreduce_group(&group, &mut views, ReduceOp::Sum)?;
             if step == 7 {
                 kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
             }

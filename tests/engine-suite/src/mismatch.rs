@@ -3,7 +3,7 @@
 //! Bad arguments seen locally fail at once.
 
 use crate::{expect_err, Digest};
-use kolo::{Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
+use kolo::{Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorGroup, TensorMut};
 
 /// One mismatch: what each rank submits as tensor "m" (rank 0 one way,
 /// the others the other way) and the two values the message must name.
@@ -209,6 +209,79 @@ pub fn local_argument_errors(kolo: &Kolo) -> Result<Digest, Error> {
     );
     // Nothing was submitted: the names are free and the engine serves.
     kolo.allreduce("bad/shape", &mut data, ReduceOp::Sum)?;
+    Ok(None)
+}
+
+/// [`TensorGroup`]s refused: a name given twice, too few or too many
+/// buffers, a shape that does not fit (found locally: nothing is
+/// submitted), and a tensor whose length differs between ranks (every
+/// rank's handle errs naming it); then the same group works.
+pub fn tensor_group_errors(kolo: &Kolo) -> Result<Digest, Error> {
+    let twice = expect_err(
+        TensorGroup::new(["tge/x", "tge/y", "tge/x"]),
+        "a name twice",
+    );
+    assert!(
+        matches!(&twice, Error::InvalidArgument { tensor, reason } if tensor == "tge/x" && reason.contains("0 and 2")),
+        "{twice:?}"
+    );
+    let group = TensorGroup::new(["tge/a", "tge/b"])?;
+    let (mut a, mut b, mut extra) = (vec![1i32; 4], vec![1i32; 4], vec![1i32; 4]);
+    let few = kolo.scope(|s| {
+        s.allreduce_group_async(&group, [&mut a[..]], ReduceOp::Sum)
+            .map(drop)
+    });
+    let few = expect_err(few, "too few buffers");
+    assert!(
+        matches!(&few, Error::InvalidArgument { tensor, reason } if tensor == "tge/a" && reason.contains("2 tensors got 1 buffers")),
+        "{few:?}"
+    );
+    let many = kolo.scope(|s| {
+        let bufs = [&mut a[..], &mut b[..], &mut extra[..]];
+        s.allreduce_group_async(&group, bufs, ReduceOp::Sum)
+            .map(drop)
+    });
+    let many = expect_err(many, "too many buffers");
+    assert!(many.to_string().contains("more than 2"), "{many}");
+    let shaped = kolo.scope(|s| {
+        let bufs = [
+            TensorMut::from(&mut a[..]),
+            TensorMut::with_shape(&mut b[..], [5]),
+        ];
+        s.allreduce_group_async(&group, bufs, ReduceOp::Sum)
+            .map(drop)
+    });
+    let shaped = expect_err(shaped, "a shape that does not fit");
+    assert!(
+        matches!(&shaped, Error::InvalidArgument { tensor, reason } if tensor == "tge/b" && reason.contains("[5]")),
+        "{shaped:?}"
+    );
+    assert_eq!(
+        (&a, &b),
+        (&vec![1; 4], &vec![1; 4]),
+        "nothing was submitted"
+    );
+    if kolo.size() > 1 {
+        let mut uneven = vec![1i32; 4 + kolo.rank()];
+        let differs = kolo.scope(|s| {
+            let bufs = [&mut a[..], &mut uneven[..]];
+            s.allreduce_group_async(&group, bufs, ReduceOp::Sum)?.wait()
+        });
+        let differs = expect_err(differs, "a length that differs between ranks");
+        assert!(
+            matches!(differs, Error::Mismatch { .. }) && differs.to_string().contains("tge/b"),
+            "{differs}"
+        );
+        assert_eq!(
+            uneven,
+            vec![1; 4 + kolo.rank()],
+            "a refused tensor is untouched"
+        );
+    }
+    let (mut a, mut b) = (vec![1i32; 4], vec![2i32; 4]);
+    kolo.allreduce_group(&group, &mut [&mut a[..], &mut b[..]], ReduceOp::Sum)?;
+    let n = kolo.size() as i32;
+    assert_eq!((a, b), (vec![n; 4], vec![2 * n; 4]));
     Ok(None)
 }
 

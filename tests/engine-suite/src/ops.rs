@@ -2,7 +2,7 @@
 //! random submission orders; handles; several user threads per rank.
 
 use crate::{Digest, Rng};
-use kolo::{split_rows, Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorMut};
+use kolo::{split_rows, Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorGroup, TensorMut};
 
 /// Allreduce with every reduce op, on integers and floats.
 pub fn allreduces(kolo: &Kolo) -> Result<Digest, Error> {
@@ -294,5 +294,54 @@ pub fn scoped_allreduces(kolo: &Kolo) -> Result<Digest, Error> {
     assert_eq!(c, vec![n as u8 - 1; 17]);
     assert!(d.iter().all(|&v| i64::from(v) == n * (n - 1) / 2));
     assert_eq!(copied, vec![n as i16 - 1; 9]);
+    Ok(None)
+}
+
+/// Allreduces of [`TensorGroup`]s step after step: two groups in flight
+/// together in a scope (one with a 2-D view, different element types and
+/// reduce ops), then a blocking average; every result exact at every step.
+pub fn tensor_groups(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
+    let lens = [1usize, 7, 64, 1000, 3, 4096];
+    let names: Vec<String> = (0..lens.len()).map(|t| format!("tg/a{t}")).collect();
+    let a_group = TensorGroup::new(&names)?;
+    let b_group = TensorGroup::new(["tg/b0", "tg/b1"])?;
+    for step in 0..4i64 {
+        let mut a: Vec<Vec<i64>> = lens
+            .iter()
+            .enumerate()
+            .map(|(t, &len)| vec![r + t as i64 + step; len])
+            .collect();
+        let mut b0 = vec![(r + step) as f32; 6];
+        let mut b1 = vec![1.0f32; 5];
+        kolo.scope(|s| {
+            let views = a.iter_mut().map(|v| &mut v[..]);
+            let ha = s.allreduce_group_async(&a_group, views, ReduceOp::Sum)?;
+            let hb = s.allreduce_group_async(
+                &b_group,
+                [
+                    TensorMut::with_shape(&mut b0[..], [2, 3]),
+                    TensorMut::from(&mut b1[..]),
+                ],
+                ReduceOp::Max,
+            )?;
+            hb.wait()?;
+            ha.wait()
+        })?;
+        for (t, v) in a.iter().enumerate() {
+            let want = n * (n - 1) / 2 + n * (t as i64 + step);
+            assert!(
+                v.iter().all(|&x| x == want),
+                "step {step}: tg/a{t} on rank {r} is not {want}"
+            );
+        }
+        assert_eq!(b0, vec![(n - 1 + step) as f32; 6], "step {step}: tg/b0");
+        assert_eq!(b1, vec![1.0; 5], "step {step}: tg/b1");
+    }
+    let c_group = TensorGroup::new(["tg/c0", "tg/c1", "tg/c2"])?;
+    let mut c = vec![vec![(2 * r) as f64; 8]; 3];
+    let mut views: Vec<&mut [f64]> = c.iter_mut().map(|v| &mut v[..]).collect();
+    kolo.allreduce_group(&c_group, &mut views, ReduceOp::Average)?;
+    assert!(c.iter().flatten().all(|&x| x == (n - 1) as f64), "{c:?}");
     Ok(None)
 }

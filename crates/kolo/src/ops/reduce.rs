@@ -3,7 +3,7 @@
 use super::{check, output, write_back, ReduceOptions};
 use crate::engine::Kolo;
 use crate::error::Error;
-use crate::group::Group;
+use crate::group::{Group, TensorGroup};
 use crate::handle::Handle;
 use crate::split::split_rows;
 use crate::table::Input;
@@ -92,6 +92,23 @@ impl Kolo {
                 .iter_mut()
                 .map(|(name, buf)| (*name, TensorMut::from(&mut **buf)));
             s.grouped_allreduce_async(views, options)?.wait()
+        })
+    }
+
+    /// Allreduces the tensors of `group` (blocking, in place, no copy):
+    /// `tensors` holds one buffer per tensor, in the group's order. As
+    /// [`Kolo::grouped_allreduce`], but the engine recognises the group by
+    /// the [`TensorGroup`] alone: see [`crate::Scope::allreduce_group_async`].
+    pub fn allreduce_group<T: Element>(
+        &self,
+        group: &TensorGroup,
+        tensors: &mut [&mut [T]],
+        options: impl Into<ReduceOptions>,
+    ) -> Result<(), Error> {
+        let options = options.into();
+        self.scope(|s| {
+            let views = tensors.iter_mut().map(|buf| TensorMut::from(&mut **buf));
+            s.allreduce_group_async(group, views, options)?.wait()
         })
     }
 

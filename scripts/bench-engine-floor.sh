@@ -4,10 +4,12 @@
 # allreduce of 2 thread ranks moves for the same 4,096,000 bytes, with no
 # library around it, in runs of 4 KiB as kolo-threads cuts 1,000 tensors of
 # 4 KiB), then 1,000 x 4 KiB per step through the engine in one grouped
-# call in a `Kolo::scope`, fused and with `--fusion-threshold 0`. Prints
-# one line per round (floor, fused, unfused, us), then the medians, the
-# fused/unfused ratio, the fused step over the floor, and the ratio a
-# fused step at the floor would give (unfused / floor: the ceiling).
+# call in a `Kolo::scope`, fused and with `--fusion-threshold 0`, and the
+# same as one `kolo::TensorGroup` (`--tensor-group`), fused and not.
+# Prints one line per round (floor, fused, unfused, group fused, group
+# unfused, us), then the medians, the fused/unfused ratios, each fused step
+# over the floor, and the ratio a fused step at the floor would give
+# (unfused / floor: the ceiling).
 #
 #   scripts/bench-engine-floor.sh [N=12]        # builds kolo-bench first
 #   BIN=path/to/release/dir scripts/bench-engine-floor.sh 20
@@ -23,7 +25,7 @@ if [ -z "$bin" ]; then
   bin=${CARGO_TARGET_DIR:-$root/target}/release
 fi
 args=(--engine --op allreduce --tensors 1000 --min-bytes 4000K --max-bytes 4000K
-  --iters 40 --warmup 5 --scoped --grouped)
+  --iters 40 --warmup 5)
 run=()
 if chrt -f 10 true 2>/dev/null; then run=(chrt -f 10); fi
 engine() { "${run[@]}" "$bin/kolo-bench" "$@" 2>/dev/null | awk '$1==4096000{print $5}'; }
@@ -32,15 +34,21 @@ floor() {
     awk '$1==4096000{print $2}'
 }
 out=$(for _ in $(seq "$n"); do
-  echo "$(floor) $(engine "${args[@]}") $(engine "${args[@]}" --fusion-threshold 0)"
+  grouped=("${args[@]}" --scoped --grouped)
+  group=("${args[@]}" --tensor-group)
+  echo "$(floor) $(engine "${grouped[@]}") $(engine "${grouped[@]}" --fusion-threshold 0)" \
+    "$(engine "${group[@]}") $(engine "${group[@]}" --fusion-threshold 0)"
 done)
 echo "$out"
 echo "$out" | python3 -c '
 import sys, statistics as s
 rows = [list(map(float, l.split())) for l in sys.stdin if l.strip()]
-fl, fu, un = zip(*rows)
-med = lambda xs: s.median(xs)
-print("medians: floor %.0f us, fused %.0f us, unfused %.0f us" % (med(fl), med(fu), med(un)))
-print("fused/unfused ratio: %.2fx (median of rounds)" % med([u / f for f, u in zip(fu, un)]))
-print("fused step over the floor: %.2fx" % med([f / x for x, f in zip(fl, fu)]))
-print("ceiling (unfused / floor): %.2fx" % med([u / x for x, u in zip(fl, un)]))'
+fl, fu, un, gf, gu = zip(*rows)
+med = s.median
+print("medians: floor %.0f us; grouped: fused %.0f us, unfused %.0f us; tensor group: fused %.0f us, unfused %.0f us"
+      % (med(fl), med(fu), med(un), med(gf), med(gu)))
+for what, f, u in (("grouped", fu, un), ("tensor group", gf, gu)):
+    ratios = [b / a for a, b in zip(f, u)]
+    print("%s: fused/unfused ratio %.2fx (median of rounds; %d of %d rounds at 10x or more), fused step over the floor %.2fx"
+          % (what, med(ratios), sum(r >= 10 for r in ratios), len(ratios), med([a / x for x, a in zip(fl, f)])))
+print("ceiling (grouped unfused / floor): %.2fx" % med([u / x for x, u in zip(fl, un)]))'

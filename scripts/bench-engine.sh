@@ -3,7 +3,9 @@
 # tensors of 4 KiB per step through the engine on 2 thread ranks, fused and
 # with `--fusion-threshold 0`, for each way of submitting them (separate
 # `allreduce_async` calls, one grouped call, and both inside a `Kolo::scope`
-# — zero-copy), REPS times interleaved; then the 4-byte allreduce through
+# — zero-copy — and one `kolo::TensorGroup` made before the timing, whose
+# names the engine checks once), REPS times interleaved; then the 4-byte
+# allreduce through
 # the engine. Prints every run, then the medians and fused/unfused ratios.
 #
 #   scripts/bench-engine.sh                    # REPS=3 ITERS=40 WARMUP=5
@@ -37,7 +39,7 @@ else
   echo "# scheduler: default"
 fi
 
-modes=("" "--grouped" "--scoped" "--scoped --grouped")
+modes=("" "--grouped" "--scoped" "--scoped --grouped" "--tensor-group")
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 step="--engine --op allreduce --tensors 1000 --min-bytes 4000K --max-bytes 4000K --iters $ITERS --warmup $WARMUP"
@@ -64,7 +66,7 @@ for line in open(sys.argv[1]):
 med = {k: statistics.median(v) for k, v in runs.items()}
 print("\n| submission | fused (us/step) | --fusion-threshold 0 (us/step) | ratio |")
 print("|---|---|---|---|")
-for mode in ["separate", "--grouped", "--scoped", "--scoped --grouped"]:
+for mode in ["separate", "--grouped", "--scoped", "--scoped --grouped", "--tensor-group"]:
     f, u = med.get((mode, "fused")), med.get((mode, "--fusion-threshold 0"))
     if f and u:
         print(f"| {mode} | {f:.0f} | {u:.0f} | {u / f:.2f}x |")

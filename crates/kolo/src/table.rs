@@ -379,11 +379,8 @@ impl Table {
     /// Interns and checks the names of a group not remembered.
     fn insert_new(&mut self, group: &Group<'_>, seq: u64) -> Result<Checked, Error> {
         let mut ids = Vec::with_capacity(group.len());
-        let each: Box<dyn Iterator<Item = &str>> = match &group.names {
-            Names::Each(names) => Box::new(names.iter().copied()),
-            Names::Known(names) => Box::new(names.iter()),
-        };
-        for name in each {
+        for index in 0..group.names.len() {
+            let name = group.names.get(index);
             let id = self.intern(name);
             let flight = self.flights[id.index()];
             let slot = &mut self.slots[id.index()];

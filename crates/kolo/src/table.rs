@@ -526,6 +526,8 @@ mod tests {
     struct World {
         table: Table,
         taken: HashMap<TensorId, (Arc<Completion>, u32)>,
+        /// The memory every lent test tensor points at.
+        scratch: [f32; 1],
     }
 
     impl World {
@@ -544,9 +546,10 @@ mod tests {
         /// Submits the tensors of `group` (each of shape [1]).
         fn insert_group(&mut self, group: &TensorGroup) -> Result<bool, Error> {
             let mut submission = Group::known(template(), group, None);
-            let mut one = [0.0f32];
+            // The table records the segments and never reads them; they
+            // stay valid for the world's life all the same.
             for _ in 0..group.len() {
-                submission.push_lent_data(&[1], &mut one[..]);
+                submission.push_lent_data(&[1], &mut self.scratch[..]);
             }
             self.table.insert(submission).map(|(_, wake)| wake)
         }

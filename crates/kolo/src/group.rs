@@ -6,7 +6,7 @@
 //! pair per tensor.
 
 use crate::error::Error;
-use crate::handle::TensorNames;
+use crate::handle::{Payload, TensorNames};
 use crate::lease::Lease;
 use crate::scope::Lent;
 use crate::table::Input;
@@ -139,6 +139,9 @@ pub(crate) struct Group<'n> {
     pub(crate) payloads: bool,
     /// Released once every tensor is done (a scope's claim on lent memory).
     pub(crate) lease: Option<Lease>,
+    /// The memory the tensors are lent from, when the submission owns it
+    /// (a copying group's staging copy): kept until the results are taken.
+    pub(crate) staging: Option<Payload>,
 }
 
 impl<'n> Group<'n> {
@@ -157,6 +160,7 @@ impl<'n> Group<'n> {
             inputs: Inputs::with_capacity(capacity),
             payloads,
             lease,
+            staging: None,
         }
     }
 
@@ -171,6 +175,7 @@ impl<'n> Group<'n> {
             inputs: Inputs::with_capacity(capacity),
             payloads: false,
             lease,
+            staging: None,
         }
     }
 
@@ -186,13 +191,6 @@ impl<'n> Group<'n> {
     pub(crate) fn push(&mut self, name: &'n str, shape: &[u64], input: Input) {
         self.push_name(name);
         self.shapes.push(shape);
-        self.inputs.push(input);
-    }
-
-    /// Adds a tensor of the dimensions `dims`.
-    pub(crate) fn push_dims(&mut self, name: &'n str, dims: &[usize], input: Input) {
-        self.push_name(name);
-        self.shapes.push_dims(dims);
         self.inputs.push(input);
     }
 

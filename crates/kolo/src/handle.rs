@@ -64,6 +64,10 @@ struct State {
     lease: Option<Lease>,
     /// The results were handed out.
     taken: bool,
+    /// The engine's staging copy of the inputs (a copying group's), whose
+    /// memory the engine works on lent: handed to the waiter after the
+    /// outputs, never before every part is in.
+    staging: Option<Payload>,
 }
 
 /// What a done submission delivered.
@@ -93,6 +97,7 @@ impl Completion {
                 waker: None,
                 lease,
                 taken: false,
+                staging: None,
             }),
             done: Condvar::new(),
             finished: CachePadded::new(AtomicBool::new(false)),
@@ -101,6 +106,13 @@ impl Completion {
             completion.finish(&mut completion.state.lock());
         }
         completion
+    }
+
+    /// Keeps `staging` (memory the submission's tensors are lent from)
+    /// until the results are taken: the waiter gets it after the outputs.
+    /// Set before the submission is queued.
+    pub(crate) fn keep_staging(&self, staging: Payload) {
+        self.state.lock().staging = Some(staging);
     }
 
     /// The part `index` of this submission, for the engine.
@@ -244,10 +256,12 @@ fn take(state: &mut State) -> Option<Outcome> {
     if let Some((_, error)) = state.error.take() {
         return Some(Err(error));
     }
-    Some(Ok(std::mem::take(&mut state.payloads)
+    let mut outputs: Vec<Payload> = std::mem::take(&mut state.payloads)
         .into_iter()
         .map(|p| p.unwrap_or_else(|| Box::new(())))
-        .collect()))
+        .collect();
+    outputs.extend(state.staging.take());
+    Some(Ok(outputs))
 }
 
 /// One tensor of a submission, as the engine holds it: completing it (or

@@ -241,9 +241,13 @@ impl Table {
             inputs,
             payloads,
             lease,
+            staging,
             ..
         } = group;
         let completion = Completion::new(names, payloads, lease);
+        if let Some(staging) = staging {
+            completion.keep_staging(staging);
+        }
         let requests = if repeat {
             Requests::Repeat
         } else {

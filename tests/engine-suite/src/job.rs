@@ -26,6 +26,7 @@ const MAIN: &[Case] = &[
     Case::new("several_user_threads", ops::several_user_threads),
     Case::new("scoped_allreduces", ops::scoped_allreduces),
     Case::new("tensor_groups", ops::tensor_groups),
+    Case::new("copying_groups", ops::copying_groups),
     Case::new("mismatch_matrix", mismatch::the_mismatch_matrix),
     Case::new(
         "name_in_flight_rejected",

@@ -1,7 +1,7 @@
 //! Every operation through the engine, with exact (integer) results;
 //! random submission orders; handles; several user threads per rank.
 
-use crate::{Digest, Rng};
+use crate::{expect_err, Digest, Rng};
 use kolo::{split_rows, Error, Kolo, ReduceOp, ReduceOptions, Tensor, TensorGroup, TensorMut};
 
 /// Allreduce with every reduce op, on integers and floats.
@@ -343,5 +343,58 @@ pub fn tensor_groups(kolo: &Kolo) -> Result<Digest, Error> {
     let mut views: Vec<&mut [f64]> = c.iter_mut().map(|v| &mut v[..]).collect();
     kolo.allreduce_group(&c_group, &mut views, ReduceOp::Average)?;
     assert!(c.iter().flatten().all(|&x| x == (n - 1) as f64), "{c:?}");
+    Ok(None)
+}
+
+/// Copying grouped allreduces (`Kolo::grouped_allreduce_async`, which
+/// stages the group in one buffer of the engine's): the results land when
+/// the handle is waited on, whatever the shapes (an empty tensor too); a
+/// forgotten handle leaves the caller's buffer as it was; and a group with
+/// a tensor the ranks disagree on fails whole, writing back none of it.
+pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
+    let (mut a, mut b, mut empty) = (vec![r; 5], vec![2 * r; 6], Vec::<i64>::new());
+    let handle = kolo.grouped_allreduce_async(
+        [
+            ("copied/a", TensorMut::from(&mut a[..])),
+            ("copied/b", TensorMut::with_shape(&mut b[..], [2, 3])),
+            ("copied/empty", TensorMut::from(&mut empty[..])),
+        ],
+        ReduceOp::Sum,
+    )?;
+    handle.wait()?;
+    assert_eq!(a, vec![n * (n - 1) / 2; 5]);
+    assert_eq!(b, vec![n * (n - 1); 6]);
+    let mut kept = vec![1i64; 7];
+    std::mem::forget(kolo.grouped_allreduce_async(
+        [("copied/forgotten", TensorMut::from(&mut kept[..]))],
+        ReduceOp::Sum,
+    )?);
+    kolo.barrier()?;
+    assert_eq!(kept, vec![1; 7], "a forgotten handle writes nothing back");
+    if n > 1 {
+        let mut fine = vec![1i64; 3];
+        let mut uneven = vec![1i64; 3 + kolo.rank()];
+        let failed = kolo
+            .grouped_allreduce_async(
+                [
+                    ("copied/fine", TensorMut::from(&mut fine[..])),
+                    ("copied/uneven", TensorMut::from(&mut uneven[..])),
+                ],
+                ReduceOp::Sum,
+            )?
+            .wait();
+        let failed = expect_err(failed, "a group with a length that differs between ranks");
+        assert!(
+            matches!(failed, Error::Mismatch { .. })
+                && failed.to_string().contains("copied/uneven"),
+            "{failed}"
+        );
+        assert_eq!(
+            fine,
+            vec![1; 3],
+            "a failed group writes none of its tensors back"
+        );
+    }
     Ok(None)
 }

@@ -114,6 +114,12 @@ impl Kolo {
 
     /// [`Kolo::grouped_allreduce`] without blocking: one handle for the
     /// group, which writes every result back when all are done.
+    ///
+    /// The inputs are copied into one staging buffer that the engine reduces
+    /// in place, as it does a scope's lent tensors (one collective over the
+    /// whole submission when it fuses whole), and the handle copies the
+    /// results out of it: two passes over the data and one allocation for
+    /// the group, not one per tensor.
     pub fn grouped_allreduce_async<'t, 'n, T: Element>(
         &self,
         tensors: impl IntoIterator<Item = (&'n str, TensorMut<'t, T>)>,
@@ -122,23 +128,43 @@ impl Kolo {
         let options = options.into();
         let tensors = tensors.into_iter();
         let template = self.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
-        let mut group = Group::new(template, tensors.size_hint().0, true, None);
-        let mut outputs: Vec<(String, &'t mut [T])> = Vec::new();
+        let mut checked = Vec::with_capacity(tensors.size_hint().0);
         for (name, tensor) in tensors {
             let (data, shape) = tensor.into_parts();
             check(name, shape_problem(&shape, data.len()))?;
-            let input = Input::Owned(Box::new(data.to_vec()));
-            group.push_dims(name, &shape, input);
-            outputs.push((name.to_owned(), data));
+            checked.push((name, data, shape));
         }
+        let mut staging: Vec<T> = Vec::with_capacity(checked.iter().map(|(_, d, _)| d.len()).sum());
+        for (_, data, _) in &checked {
+            staging.extend_from_slice(data);
+        }
+        let mut group = Group::new(template, checked.len(), false, None);
+        let mut rest = &mut staging[..];
+        for (name, data, shape) in &checked {
+            let (segment, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
+            group.push_lent(name, shape, segment);
+            rest = tail;
+        }
+        // The segments point into `staging`'s heap memory, which does not
+        // move with the `Vec`: the completion keeps it until every tensor
+        // is in (after the engine's last access) and only then hands it to
+        // this handle; the caller never sees it while the engine works.
+        group.staging = Some(Box::new(staging));
+        let first = checked
+            .first()
+            .map_or_else(String::new, |(name, ..)| (*name).to_owned());
+        let outputs: Vec<&'t mut [T]> = checked.into_iter().map(|(_, data, _)| data).collect();
         let completion = self.submit(group)?;
-        Ok(Handle::new(completion, move |payloads| {
-            let mut results = Vec::with_capacity(outputs.len());
-            for ((tensor, _), payload) in outputs.iter().zip(payloads) {
-                results.push(output::<Vec<T>>(tensor, Some(payload))?);
+        Ok(Handle::new(completion, move |mut payloads| {
+            if outputs.is_empty() {
+                return Ok(());
             }
-            for ((tensor, dst), result) in outputs.into_iter().zip(results) {
-                write_back(&tensor, dst, &result)?;
+            let staging: Vec<T> = output(&first, payloads.pop())?;
+            let mut results = staging.as_slice();
+            for dst in outputs {
+                let (result, tail) = results.split_at(dst.len().min(results.len()));
+                write_back(&first, dst, result)?;
+                results = tail;
             }
             Ok(())
         }))

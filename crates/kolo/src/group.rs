@@ -90,6 +90,18 @@ impl TensorGroup {
     pub(crate) fn name(&self, index: usize) -> &str {
         self.names.get(index)
     }
+
+    /// The error for a submission of `given` buffers (a count, or "more
+    /// than N") to this group, naming its first tensor.
+    pub(crate) fn count_error(&self, given: String) -> Error {
+        Error::InvalidArgument {
+            tensor: self.name(0).to_owned(),
+            reason: format!(
+                "a tensor group of {} tensors got {given} buffers",
+                self.len()
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for TensorGroup {

@@ -198,17 +198,10 @@ fn lend_group<'scope, T: Element>(
     group: &TensorGroup,
     tensors: impl Iterator<Item = TensorMut<'scope, T>>,
 ) -> Result<(), Error> {
-    let count = |given: String| Error::InvalidArgument {
-        tensor: group.name(0).to_owned(),
-        reason: format!(
-            "a tensor group of {} tensors got {given} buffers",
-            group.len()
-        ),
-    };
     for tensor in tensors {
         let index = submission.inputs();
         if index == group.len() {
-            return Err(count(format!("more than {index}")));
+            return Err(group.count_error(format!("more than {index}")));
         }
         let (data, shape) = tensor.into_parts();
         if let Some(reason) = shape_problem(&shape, data.len()) {
@@ -221,7 +214,7 @@ fn lend_group<'scope, T: Element>(
     }
     let given = submission.inputs();
     if given != group.len() {
-        return Err(count(given.to_string()));
+        return Err(group.count_error(given.to_string()));
     }
     Ok(())
 }

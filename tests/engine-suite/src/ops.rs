@@ -351,6 +351,8 @@ pub fn tensor_groups(kolo: &Kolo) -> Result<Digest, Error> {
 /// the handle is waited on, whatever the shapes (an empty tensor too); a
 /// forgotten handle leaves the caller's buffer as it was; and a group with
 /// a tensor the ranks disagree on fails whole, writing back none of it.
+/// Then a [`TensorGroup`] the same way (`Kolo::allreduce_group_async`),
+/// step after step, and a submission of too few buffers refused.
 pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
     let (mut a, mut b, mut empty) = (vec![r; 5], vec![2 * r; 6], Vec::<i64>::new());
@@ -396,5 +398,20 @@ pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
             "a failed group writes none of its tensors back"
         );
     }
+    let group = TensorGroup::new(["copied/g0", "copied/g1"])?;
+    for step in 0..3 {
+        let (mut g0, mut g1) = (vec![r + step; 4], vec![1i64; 9]);
+        kolo.allreduce_group_async(&group, [&mut g0[..], &mut g1[..]], ReduceOp::Sum)?
+            .wait()?;
+        assert_eq!(g0, vec![n * (n - 1) / 2 + n * step; 4], "step {step}");
+        assert_eq!(g1, vec![n; 9], "step {step}");
+    }
+    let mut one = [0i64; 4];
+    let few = kolo.allreduce_group_async(&group, [&mut one[..]], ReduceOp::Sum);
+    let few = expect_err(few.map(drop), "too few buffers");
+    assert!(
+        matches!(&few, Error::InvalidArgument { tensor, reason } if tensor == "copied/g0" && reason.contains("2 tensors got 1 buffers")),
+        "{few:?}"
+    );
     Ok(None)
 }

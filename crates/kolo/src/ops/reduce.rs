@@ -7,7 +7,7 @@ use crate::group::{Group, TensorGroup};
 use crate::handle::Handle;
 use crate::split::split_rows;
 use crate::table::Input;
-use crate::tensor::{shape_problem, wire_shape, Tensor, TensorMut};
+use crate::tensor::{shape_problem, wire_shape, Dims, Tensor, TensorMut};
 use kolo_protocol::{DataType, Params, RequestKind};
 use kolo_transport::Element;
 
@@ -134,26 +134,77 @@ impl Kolo {
             check(name, shape_problem(&shape, data.len()))?;
             checked.push((name, data, shape));
         }
-        let mut staging: Vec<T> = Vec::with_capacity(checked.iter().map(|(_, d, _)| d.len()).sum());
-        for (_, data, _) in &checked {
+        let group = Group::new(template, checked.len(), false, None);
+        let names: Vec<&'n str> = checked.iter().map(|(name, ..)| *name).collect();
+        let tensors = checked
+            .into_iter()
+            .map(|(_, data, shape)| (data, shape))
+            .collect();
+        self.submit_staged(group, Some(&names), tensors)
+    }
+
+    /// Allreduces the tensors of `group` without blocking and without a
+    /// scope: `tensors` gives one buffer per tensor, in the group's order,
+    /// and the handle writes every result back when all are done. Staged
+    /// as [`Kolo::grouped_allreduce_async`] stages, and recognised by the
+    /// [`TensorGroup`] as [`crate::Scope::allreduce_group_async`] is. A
+    /// count or shape that does not fit is an [`Error::InvalidArgument`]
+    /// naming the tensor; on an error nothing is submitted.
+    pub fn allreduce_group_async<'t, T: Element, V: Into<TensorMut<'t, T>>>(
+        &self,
+        group: &TensorGroup,
+        tensors: impl IntoIterator<Item = V>,
+        options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let options = options.into();
+        let template = self.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
+        let mut checked = Vec::with_capacity(group.len());
+        for tensor in tensors {
+            let index = checked.len();
+            if index == group.len() {
+                return Err(group.count_error(format!("more than {index}")));
+            }
+            let (data, shape) = tensor.into().into_parts();
+            check(group.name(index), shape_problem(&shape, data.len()))?;
+            checked.push((data, shape));
+        }
+        if checked.len() != group.len() {
+            return Err(group.count_error(checked.len().to_string()));
+        }
+        let submission = Group::known(template, group, None);
+        self.submit_staged(submission, None, checked)
+    }
+
+    /// Copies `tensors` into one staging buffer, lends its segments to
+    /// `group` in order (named by `names`, or a [`TensorGroup`]'s), which
+    /// keeps the buffer, and submits it; the handle copies the results out
+    /// of the buffer into `tensors`.
+    fn submit_staged<'t, 'n, T: Element>(
+        &self,
+        mut group: Group<'n>,
+        names: Option<&[&'n str]>,
+        tensors: Vec<(&'t mut [T], Dims)>,
+    ) -> Result<Handle<'t, ()>, Error> {
+        let mut staging: Vec<T> = Vec::with_capacity(tensors.iter().map(|(d, _)| d.len()).sum());
+        for (data, _) in &tensors {
             staging.extend_from_slice(data);
         }
-        let mut group = Group::new(template, checked.len(), false, None);
         let mut rest = &mut staging[..];
-        for (name, data, shape) in &checked {
+        for (index, (data, shape)) in tensors.iter().enumerate() {
             let (segment, tail) = std::mem::take(&mut rest).split_at_mut(data.len());
-            group.push_lent(name, shape, segment);
+            match names.and_then(|names| names.get(index)) {
+                Some(name) => group.push_lent(name, shape, segment),
+                None => group.push_lent_data(shape, segment),
+            }
             rest = tail;
         }
         // The segments point into `staging`'s heap memory, which does not
         // move with the `Vec`: the completion keeps it until every tensor
         // is in (after the engine's last access) and only then hands it to
-        // this handle; the caller never sees it while the engine works.
+        // the handle; the caller never sees it while the engine works.
         group.staging = Some(Box::new(staging));
-        let first = checked
-            .first()
-            .map_or_else(String::new, |(name, ..)| (*name).to_owned());
-        let outputs: Vec<&'t mut [T]> = checked.into_iter().map(|(_, data, _)| data).collect();
+        let first = group.names.get(0).to_owned();
+        let outputs: Vec<&'t mut [T]> = tensors.into_iter().map(|(data, _)| data).collect();
         let completion = self.submit(group)?;
         Ok(Handle::new(completion, move |mut payloads| {
             if outputs.is_empty() {

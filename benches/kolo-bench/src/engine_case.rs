@@ -58,8 +58,8 @@ pub struct EngineCase<T> {
     /// How allreduces are submitted.
     submission: Submission,
     names: Vec<String>,
-    /// The names as one group.
-    group: kolo::TensorGroup,
+    /// The names as one group (`--tensor-group`).
+    group: Option<kolo::TensorGroup>,
     /// Tensor i's part of a rank block (of the whole buffer for allreduce
     /// and broadcast).
     parts: Vec<Range<usize>>,
@@ -115,7 +115,12 @@ impl<T: Element> EngineCase<T> {
             _ => Vec::new(),
         };
         let names: Vec<String> = (0..tensors).map(|i| format!("t{i}")).collect();
-        let group = kolo::TensorGroup::new(&names).ok()?;
+        // Only when asked; t0, t1, ... are distinct, so it cannot be refused.
+        let group = if submission.tensor_group {
+            Some(kolo::TensorGroup::new(&names).ok()?)
+        } else {
+            None
+        };
         Some(EngineCase {
             spec,
             rank,
@@ -147,13 +152,9 @@ impl<T: Element> EngineCase<T> {
             BenchOp::Allreduce if self.submission.scoped => {
                 let slices = split_mut(&mut self.recv, &self.parts);
                 let (names, group) = (&self.names, &self.group);
-                let Submission {
-                    grouped,
-                    tensor_group,
-                    ..
-                } = self.submission;
+                let grouped = self.submission.grouped;
                 kolo.scope(|s| {
-                    if tensor_group {
+                    if let Some(group) = group {
                         return s.allreduce_group_async(group, slices, op)?.wait();
                     }
                     if grouped {

@@ -10,6 +10,7 @@ use crate::handle::{Payload, TensorNames};
 use crate::lease::Lease;
 use crate::scope::Lent;
 use crate::table::Input;
+use crate::tensor::{shape_problem, TensorMut};
 use kolo_protocol::Params;
 use rustc_hash::FxHashMap;
 use std::any::TypeId;
@@ -91,9 +92,41 @@ impl TensorGroup {
         self.names.get(index)
     }
 
+    /// Checks the buffers `tensors` of a submission of this group (one per
+    /// tensor, each shape fitting its buffer) and hands each to `f`, in
+    /// order, as its elements and dimensions. The first problem is an
+    /// [`Error::InvalidArgument`] naming the tensor (a count that does not
+    /// fit names the first).
+    #[inline]
+    pub(crate) fn each_buffer<'t, T: 't>(
+        &self,
+        tensors: impl Iterator<Item = TensorMut<'t, T>>,
+        mut f: impl FnMut(&'t mut [T], &[usize]),
+    ) -> Result<(), Error> {
+        let mut given = 0;
+        for tensor in tensors {
+            if given == self.len() {
+                return Err(self.count_error(format!("more than {given}")));
+            }
+            let (data, shape) = tensor.into_parts();
+            if let Some(reason) = shape_problem(&shape, data.len()) {
+                return Err(Error::InvalidArgument {
+                    tensor: self.name(given).to_owned(),
+                    reason,
+                });
+            }
+            f(data, &shape);
+            given += 1;
+        }
+        if given != self.len() {
+            return Err(self.count_error(given.to_string()));
+        }
+        Ok(())
+    }
+
     /// The error for a submission of `given` buffers (a count, or "more
     /// than N") to this group, naming its first tensor.
-    pub(crate) fn count_error(&self, given: String) -> Error {
+    fn count_error(&self, given: String) -> Error {
         Error::InvalidArgument {
             tensor: self.name(0).to_owned(),
             reason: format!(
@@ -233,11 +266,6 @@ impl<'n> Group<'n> {
     /// Number of tensors (of a [`TensorGroup`]'s submission: the group's).
     pub(crate) fn len(&self) -> usize {
         self.names.len()
-    }
-
-    /// Number of inputs pushed so far.
-    pub(crate) fn inputs(&self) -> usize {
-        self.inputs.len()
     }
 }
 
@@ -394,14 +422,6 @@ impl Inputs {
         let (ptr, len) = (NonNull::from(&mut *data).cast(), data.len());
         if !self.push_segment(TypeId::of::<T>(), ptr, len) {
             self.push(Input::Lent(Lent::new(data)));
-        }
-    }
-
-    /// The number of inputs.
-    fn len(&self) -> usize {
-        match self {
-            Inputs::Lent { segments, .. } => segments.len(),
-            Inputs::Each(each) => each.len(),
         }
     }
 

@@ -190,33 +190,18 @@ impl<'scope> Scope<'scope, '_> {
     }
 }
 
-/// Adds the buffers `tensors` of `group`'s tensors to `submission`, lent;
-/// checks their count and shapes. Out of line, as [`lend_all`].
+/// Adds the buffers `tensors` of `group`'s tensors to `submission`, lent,
+/// once [`TensorGroup::each_buffer`] checked them. Out of line, as
+/// [`lend_all`].
 #[inline(never)]
 fn lend_group<'scope, T: Element>(
     submission: &mut Group<'_>,
     group: &TensorGroup,
     tensors: impl Iterator<Item = TensorMut<'scope, T>>,
 ) -> Result<(), Error> {
-    for tensor in tensors {
-        let index = submission.inputs();
-        if index == group.len() {
-            return Err(group.count_error(format!("more than {index}")));
-        }
-        let (data, shape) = tensor.into_parts();
-        if let Some(reason) = shape_problem(&shape, data.len()) {
-            return Err(Error::InvalidArgument {
-                tensor: group.name(index).to_owned(),
-                reason,
-            });
-        }
-        submission.push_lent_data(&shape, data);
-    }
-    let given = submission.inputs();
-    if given != group.len() {
-        return Err(group.count_error(given.to_string()));
-    }
-    Ok(())
+    group.each_buffer(tensors, |data, shape| {
+        submission.push_lent_data(shape, data)
+    })
 }
 
 /// Adds every tensor of `tensors` to `group`, lent. Kept out of line: a

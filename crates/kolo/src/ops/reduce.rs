@@ -159,18 +159,9 @@ impl Kolo {
         let options = options.into();
         let template = self.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
         let mut checked = Vec::with_capacity(group.len());
-        for tensor in tensors {
-            let index = checked.len();
-            if index == group.len() {
-                return Err(group.count_error(format!("more than {index}")));
-            }
-            let (data, shape) = tensor.into().into_parts();
-            check(group.name(index), shape_problem(&shape, data.len()))?;
-            checked.push((data, shape));
-        }
-        if checked.len() != group.len() {
-            return Err(group.count_error(checked.len().to_string()));
-        }
+        group.each_buffer(tensors.into_iter().map(Into::into), |data, shape| {
+            checked.push((data, Dims::from_slice(shape)))
+        })?;
         let submission = Group::known(template, group, None);
         self.submit_staged(submission, None, checked)
     }

@@ -5,7 +5,8 @@
 # library around it, in runs of 4 KiB as kolo-threads cuts 1,000 tensors of
 # 4 KiB), then 1,000 x 4 KiB per step through the engine in one grouped
 # call in a `Kolo::scope`, fused and with `--fusion-threshold 0`, and the
-# same as one `kolo::TensorGroup` (`--tensor-group`), fused and not.
+# same as one `kolo::TensorGroup` (`--tensor-group`: the blocking
+# `Kolo::allreduce_group`), fused and not.
 # Prints one line per round (floor, fused, unfused, group fused, group
 # unfused, us), then the medians, the fused/unfused ratios, each fused step
 # over the floor, and the ratio a fused step at the floor would give

@@ -4,9 +4,10 @@
 # with `--fusion-threshold 0`, for each way of submitting them (separate
 # `allreduce_async` calls, one grouped call, and both inside a `Kolo::scope`
 # — zero-copy — and one `kolo::TensorGroup` made before the timing, whose
-# names the engine checks once), REPS times interleaved; then the 4-byte
-# allreduce through
-# the engine. Prints every run, then the medians and fused/unfused ratios.
+# names the engine checks once, submitted with the blocking
+# `Kolo::allreduce_group`), REPS times interleaved; then the 4-byte
+# allreduce through the engine. Prints every run, then the medians and
+# fused/unfused ratios.
 #
 #   scripts/bench-engine.sh                    # REPS=3 ITERS=40 WARMUP=5
 #   BENCH=path/to/kolo-bench scripts/bench-engine.sh

@@ -72,9 +72,9 @@ pub struct Args {
     #[arg(long, requires = "engine")]
     pub scoped: bool,
     /// Engine mode: submit the allreduce tensors as one `kolo::TensorGroup`
-    /// made before the timing (`Scope::allreduce_group_async`: in a scope,
-    /// grouped, and the engine reads no name per step). Implies
-    /// `--scoped --grouped`.
+    /// made before the timing, with the blocking `Kolo::allreduce_group`
+    /// (in place, grouped, the engine reads no name per step, and the
+    /// caller's wait runs the step). Implies `--scoped --grouped`.
     #[arg(long, requires = "engine")]
     pub tensor_group: bool,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then

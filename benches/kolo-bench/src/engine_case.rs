@@ -46,7 +46,8 @@ pub struct Submission {
     /// Inside a `Kolo::scope`: the engine reduces the buffers in place.
     pub scoped: bool,
     /// The grouped allreduce's names as one `kolo::TensorGroup` (with
-    /// `grouped` and `scoped`).
+    /// `grouped` and `scoped`), submitted with the blocking
+    /// `Kolo::allreduce_group`.
     pub tensor_group: bool,
 }
 
@@ -153,10 +154,11 @@ impl<T: Element> EngineCase<T> {
                 let slices = split_mut(&mut self.recv, &self.parts);
                 let (names, group) = (&self.names, &self.group);
                 let grouped = self.submission.grouped;
+                if let Some(group) = group {
+                    let mut slices = slices;
+                    return kolo.allreduce_group(group, &mut slices, op);
+                }
                 kolo.scope(|s| {
-                    if let Some(group) = group {
-                        return s.allreduce_group_async(group, slices, op)?.wait();
-                    }
                     if grouped {
                         let views = names
                             .iter()

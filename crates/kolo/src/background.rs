@@ -1,18 +1,21 @@
-//! The background thread of a rank: owns the backend, runs the
-//! coordinator's cycle, and performs the agreed responses in order.
+//! The background thread of a rank: runs the coordinator's cycle around
+//! the backend, and performs the agreed responses in order.
 //!
 //! It sleeps on the command channel: a submission wakes it at once (a busy
 //! rank cycles right away), and an idle rank cycles anyway after the cycle
 //! time, so that peers' collectives complete and the stall inspector runs.
+//! The state it cycles ([`Core`]) sits behind a lock: on a host engine a
+//! caller waiting for its own results may run the cycles instead (see
+//! [`crate::progress`]), and the thread then only waits.
 
 use crate::batches::{Batches, PartRef};
 use crate::config::Config;
-use crate::device::DevicePlane;
+use crate::device::PlaneSlot;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
 use crate::table::{Entry, Input, Requests, Taken};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use kolo_coordinator::{
     Agreed, Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Hit, Intake,
     NegotiationEvent, TensorId,
@@ -21,6 +24,7 @@ use kolo_fusion::{Edge, FusionBuffers, Phase};
 use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::{with_element_type, Backend, Element, TransportError};
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +52,8 @@ fn poll_budget(local_ranks: usize, cores: usize) -> Duration {
 
 /// What user threads tell the background thread.
 pub(crate) enum Command {
-    /// New requests are queued in the tensor table.
+    /// New requests are queued in the tensor table (or a caller that ran
+    /// cycles left work behind).
     Wake,
     /// Ask every rank to shut down.
     Shutdown,
@@ -59,23 +64,44 @@ pub(crate) enum Command {
 /// Fails the backend when the rank aborts.
 type AbortHook<B> = Box<dyn FnOnce(&mut B, &str) + Send>;
 
-/// One rank's background thread: the cycle loop around the coordinator and
-/// the engine that performs what it agreed.
-pub(crate) struct Background<B> {
+/// One rank's engine state: the coordinator and the engine that performs
+/// what it agreed. One thread at a time runs its cycles: the background
+/// thread, or a caller waiting for its own results (see
+/// [`crate::progress`]), whichever holds the lock around it.
+pub(crate) struct Core<B, D> {
     coordinator: Coordinator,
-    engine: Engine<B>,
+    engine: Engine<B, D>,
+    shutdown_requested: bool,
+    /// Why the engine stopped, once it has (its teardown is done).
+    stopped: Option<Error>,
+    /// When the last cycle started: an idle rank cycles once per cycle
+    /// time, whichever thread ran the cycles before.
+    last_cycle: Instant,
+}
+
+/// A [`Core`] with the background thread's channel: what a caller's
+/// thread that runs cycles shares with the background thread.
+pub(crate) struct Shareable<B, D> {
+    pub(crate) core: Mutex<Core<B, D>>,
+    /// Wakes the background thread when a caller leaves work behind.
+    pub(crate) wake: Sender<Command>,
+}
+
+/// One rank's background thread: waits for work and runs the cycles of
+/// its [`Core`] while no caller does.
+pub(crate) struct Background<B, D> {
+    shared: Arc<Shareable<B, D>>,
     cycle_time: Duration,
     /// How long to poll for work before sleeping ([`poll_budget`]).
     poll: Duration,
     commands: Receiver<Command>,
     abort: Option<AbortHook<B>>,
-    shutdown_requested: bool,
 }
 
 /// What performs the agreed responses: the backend, the fusion buffers,
 /// the timeline, and the tensors taken from the table (this thread's side
 /// of it).
-pub(crate) struct Engine<B> {
+pub(crate) struct Engine<B, D> {
     pub(crate) backend: B,
     pub(crate) rank: usize,
     pub(crate) size: usize,
@@ -83,8 +109,8 @@ pub(crate) struct Engine<B> {
     pub(crate) buffers: FusionBuffers,
     pub(crate) timeline: Timeline,
     pub(crate) shared: Arc<Shared>,
-    /// The GPU data plane, serving responses on device tensors.
-    pub(crate) device: Option<Box<dyn DevicePlane>>,
+    /// The GPU data plane serving responses on device tensors, if any.
+    pub(crate) device: D,
     /// Where each tensor taken from the table's queue and not performed
     /// yet is: its submission and part, by id (the inputs are with the
     /// submissions).
@@ -132,7 +158,7 @@ impl<'c> ParamsOf<'c> {
 /// tensor table hands a repeated group the same `Arc` each time, and
 /// holding it keeps the pointer from being reused): a later cycle agreeing
 /// on the same slots, with that group held whole again, is performed
-/// before the coordinator settles its books (see [`Background::serve`]).
+/// before the coordinator settles its books (see [`Core::step`]).
 #[derive(Default)]
 struct PlanMemo {
     slots: Vec<usize>,
@@ -171,19 +197,17 @@ fn fail_all(shared: &Shared, reason: Error) {
     }
 }
 
-impl<B: Backend> Background<B> {
+impl<B: Backend, D: PlaneSlot> Core<B, D> {
+    /// A rank's engine state on `backend`, with the device plane `device`.
     pub(crate) fn new(
         backend: B,
         config: &Config,
         timeline: Timeline,
         shared: Arc<Shared>,
-        commands: Receiver<Command>,
-        abort: impl FnOnce(&mut B, &str) + Send + 'static,
+        device: D,
     ) -> Self {
         let (rank, size) = (backend.rank(), backend.size());
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let poll = poll_budget(backend.local_size(), cores);
-        Background {
+        Core {
             coordinator: Coordinator::new(rank, size, config.coordinator()),
             engine: Engine {
                 backend,
@@ -193,85 +217,94 @@ impl<B: Backend> Background<B> {
                 buffers: FusionBuffers::new(),
                 timeline,
                 shared,
-                device: None,
+                device,
                 held: Vec::new(),
                 batches: Batches::default(),
                 plan: PlanMemo::default(),
             },
-            cycle_time: config.cycle_time,
-            poll,
-            commands,
-            abort: Some(Box::new(abort)),
             shutdown_requested: false,
+            stopped: None,
+            last_cycle: Instant::now(),
         }
     }
 
-    /// Gives the engine a GPU data plane (made on the engine's thread).
-    pub(crate) fn with_device(mut self, plane: Option<Box<dyn DevicePlane>>) -> Self {
-        self.engine.device = plane;
-        self
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.engine.rank
     }
 
-    /// Serves until shutdown, abort or failure, then fails whatever is
-    /// still pending with the reason.
-    pub(crate) fn run(mut self) {
-        let rank = self.engine.rank;
-        let _guard = CloseOnUnwind {
-            shared: Arc::clone(&self.engine.shared),
-            rank,
+    /// True once the engine stopped.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// True while a cycle has something to do: submissions are queued in
+    /// the table, or the coordinator has requests the ranks have not all
+    /// agreed to yet.
+    pub(crate) fn has_work(&self) -> bool {
+        self.coordinator.pending() > 0 || self.engine.shared.table.lock().has_queued()
+    }
+
+    /// True once an idle rank is due to cycle (see [`Core::last_cycle`]).
+    fn idle_cycle_due(&self, cycle_time: Duration) -> bool {
+        self.last_cycle.elapsed() >= cycle_time
+    }
+
+    /// Runs one cycle: takes the queued submissions, negotiates, and
+    /// performs what the ranks agreed. `Err` says why the engine stops
+    /// (shut down, or failed); stopping is then up to the caller
+    /// ([`Core::stop`]).
+    pub(crate) fn step(&mut self) -> Result<(), Error> {
+        self.last_cycle = Instant::now();
+        let requests = self.take_queued()?;
+        let busy = !requests.is_empty();
+        let cycle = match self.coordinator.cycle_deferring(
+            &mut self.engine.backend,
+            requests,
+            self.shutdown_requested,
+            Instant::now(),
+        ) {
+            Ok(cycle) => cycle,
+            Err(CoordinatorError::Transport(e)) => return Err(Error::from_transport(e)),
+            Err(other) => {
+                return Err(Error::Transport(kolo_transport::TransportError::Backend(
+                    other.to_string(),
+                )))
+            }
         };
-        let reason = self.serve();
+        let output = match cycle {
+            Cycle::Done(output) => self.perform_cycle(output, busy),
+            Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
+        };
+        if output.shutdown {
+            return Err(Error::ShutDown {
+                by_ranks: output.shutdown_ranks,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts a cycle that a caller's thread ran.
+    pub(crate) fn count_caller_cycle(&self) {
+        self.engine.shared.stats.lock().caller_cycles += 1;
+    }
+
+    /// Stops the engine for `reason`: closes the table (nothing new
+    /// reaches the engine after it), fails every pending handle with the
+    /// reason and flushes the timeline. Idempotent.
+    pub(crate) fn stop(&mut self, reason: Error) {
+        if self.stopped.is_some() {
+            return;
+        }
+        let rank = self.engine.rank;
         tracing::debug!(rank, %reason, "kolo engine stopped");
-        // Close the table first: nothing new reaches the engine after it.
         fail_all(&self.engine.shared, reason.clone());
         self.engine.held.clear();
         self.engine.batches.fail_all(&reason);
         if let Err(e) = self.engine.timeline.flush() {
             tracing::warn!(rank, error = %e, "the timeline could not be written");
         }
-    }
-
-    /// The cycle loop; returns why it stopped.
-    fn serve(&mut self) -> Error {
-        loop {
-            let (requests, abort) = match self.collect() {
-                Ok(collected) => collected,
-                Err(e) => return e,
-            };
-            if let Some(message) = abort {
-                if let Some(hook) = self.abort.take() {
-                    hook(&mut self.engine.backend, &message);
-                }
-                return Error::RankFailed {
-                    rank: self.engine.rank,
-                    message,
-                };
-            }
-            let busy = !requests.is_empty();
-            let cycle = match self.coordinator.cycle_deferring(
-                &mut self.engine.backend,
-                requests,
-                self.shutdown_requested,
-                Instant::now(),
-            ) {
-                Ok(cycle) => cycle,
-                Err(CoordinatorError::Transport(e)) => return Error::from_transport(e),
-                Err(other) => {
-                    return Error::Transport(kolo_transport::TransportError::Backend(
-                        other.to_string(),
-                    ))
-                }
-            };
-            let output = match cycle {
-                Cycle::Done(output) => self.perform_cycle(output, busy),
-                Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
-            };
-            if output.shutdown {
-                return Error::ShutDown {
-                    by_ranks: output.shutdown_ranks,
-                };
-            }
-        }
+        self.stopped = Some(reason);
     }
 
     /// Ends a cycle of cache hits only. A step that repeats the last one
@@ -304,45 +337,10 @@ impl<B: Backend> Background<B> {
         output
     }
 
-    /// Takes the commands waiting, blocking up to the cycle time for the
-    /// first one when there are none: the requests, and an abort message.
-    ///
-    /// While this rank has requests the other ranks have not all agreed to
-    /// yet, it does not block: its peers' submissions wake *their* engines,
-    /// not this one, and a peer whose next cycle waits in the coordinator's
-    /// collective for this rank would otherwise wait out this rank's cycle
-    /// time (up to 1 ms per step). The next cycle's collective itself waits
-    /// for the peers (spinning briefly, then yielding, then sleeping).
-    fn collect(&mut self) -> Result<(Intake, Option<String>), Error> {
-        let wait = if self.coordinator.pending() > 0 {
-            Duration::ZERO
-        } else {
-            self.cycle_time
-        };
-        let first = if self.shutdown_requested {
-            None
-        } else if let Some(command) = self.poll_commands(wait) {
-            Some(command)
-        } else {
-            match self.commands.recv_timeout(wait.saturating_sub(self.poll)) {
-                Ok(command) => Some(command),
-                Err(RecvTimeoutError::Timeout) => None,
-                // `Kolo` is gone without a shutdown request: treat it as one.
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.shutdown_requested = true;
-                    None
-                }
-            }
-        };
-        let mut abort = None;
-        for command in first.into_iter().chain(self.commands.try_iter()) {
-            match command {
-                Command::Wake => {}
-                Command::Shutdown => self.shutdown_requested = true,
-                Command::Abort(message) => abort = Some(message),
-            }
-        }
-        // After the commands: a submitter queues before it sends its wake.
+    /// Takes the submissions queued in the tensor table: registers their
+    /// new names with the coordinator, holds them, and returns their
+    /// requests; ids no longer used are reclaimed.
+    fn take_queued(&mut self) -> Result<Intake, Error> {
         let shared = Arc::clone(&self.engine.shared);
         let mut table = shared.table.lock();
         let taken = table.take_queued();
@@ -358,7 +356,134 @@ impl<B: Backend> Background<B> {
         table.reclaim(|id| {
             held.get(id.index()).is_none_or(Option::is_none) && coordinator.forget(id)
         });
-        Ok((requests, abort))
+        Ok(requests)
+    }
+}
+
+impl<B: Backend, D: PlaneSlot> Background<B, D> {
+    /// The background thread of `core`, woken through `commands` (whose
+    /// sender `wake` also goes to callers that run cycles).
+    pub(crate) fn new(
+        core: Core<B, D>,
+        config: &Config,
+        commands: Receiver<Command>,
+        wake: Sender<Command>,
+        abort: impl FnOnce(&mut B, &str) + Send + 'static,
+    ) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let poll = poll_budget(core.engine.backend.local_size(), cores);
+        Background {
+            shared: Arc::new(Shareable {
+                core: Mutex::new(core),
+                wake,
+            }),
+            cycle_time: config.cycle_time,
+            poll,
+            commands,
+            abort: Some(Box::new(abort)),
+        }
+    }
+
+    /// The state this thread shares with callers that run cycles.
+    pub(crate) fn shareable(&self) -> &Arc<Shareable<B, D>> {
+        &self.shared
+    }
+
+    /// Serves until shutdown, abort or failure, then stops the engine
+    /// (failing whatever is still pending) with the reason.
+    pub(crate) fn run(mut self) {
+        let (rank, table) = {
+            let core = self.shared.core.lock();
+            (core.engine.rank, Arc::clone(&core.engine.shared))
+        };
+        let _guard = CloseOnUnwind {
+            shared: table,
+            rank,
+        };
+        let reason = self.serve();
+        self.shared.core.lock().stop(reason);
+    }
+
+    /// The cycle loop; returns why it stopped.
+    ///
+    /// It waits for a command, or for the cycle time, without the lock;
+    /// then runs a cycle if the core is free and there is work to do, a
+    /// shutdown to agree on, or an idle cycle due. A caller that holds the
+    /// core runs the cycles itself, and wakes this thread if it leaves
+    /// work behind.
+    fn serve(&mut self) -> Error {
+        loop {
+            let wait = match self.shared.core.try_lock() {
+                Some(core) if core.has_work() || core.shutdown_requested => Duration::ZERO,
+                Some(core) => self.cycle_time.saturating_sub(core.last_cycle.elapsed()),
+                None => self.cycle_time,
+            };
+            let (shutdown, abort) = self.collect(wait);
+            let mut core = if shutdown || abort.is_some() {
+                self.shared.core.lock()
+            } else {
+                match self.shared.core.try_lock() {
+                    Some(core) => core,
+                    None => continue,
+                }
+            };
+            if let Some(reason) = &core.stopped {
+                return reason.clone();
+            }
+            if let Some(message) = abort {
+                if let Some(hook) = self.abort.take() {
+                    hook(&mut core.engine.backend, &message);
+                }
+                return Error::RankFailed {
+                    rank: core.engine.rank,
+                    message,
+                };
+            }
+            core.shutdown_requested |= shutdown;
+            if !(core.shutdown_requested || core.has_work() || core.idle_cycle_due(self.cycle_time))
+            {
+                continue;
+            }
+            if let Err(reason) = core.step() {
+                return reason;
+            }
+        }
+    }
+
+    /// Takes the commands waiting, blocking up to `wait` for the first one
+    /// when there are none: whether a shutdown was asked, and an abort
+    /// message.
+    ///
+    /// While this rank has requests the other ranks have not all agreed to
+    /// yet, `wait` is zero: its peers' submissions wake *their* engines,
+    /// not this one, and a peer whose next cycle waits in the coordinator's
+    /// collective for this rank would otherwise wait out this rank's cycle
+    /// time (up to 1 ms per step). The next cycle's collective itself waits
+    /// for the peers (spinning briefly, then yielding, then sleeping).
+    fn collect(&mut self, wait: Duration) -> (bool, Option<String>) {
+        let mut shutdown = false;
+        let first = if let Some(command) = self.poll_commands(wait) {
+            Some(command)
+        } else {
+            match self.commands.recv_timeout(wait.saturating_sub(self.poll)) {
+                Ok(command) => Some(command),
+                Err(RecvTimeoutError::Timeout) => None,
+                // `Kolo` is gone without a shutdown request: treat it as one.
+                Err(RecvTimeoutError::Disconnected) => {
+                    shutdown = true;
+                    None
+                }
+            }
+        };
+        let mut abort = None;
+        for command in first.into_iter().chain(self.commands.try_iter()) {
+            match command {
+                Command::Wake => {}
+                Command::Shutdown => shutdown = true,
+                Command::Abort(message) => abort = Some(message),
+            }
+        }
+        (shutdown, abort)
     }
 
     /// Polls the channel, yielding the CPU, for up to the poll budget
@@ -383,7 +508,7 @@ impl<B: Backend> Background<B> {
     }
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// Holds the submissions taken from the table and returns their
     /// requests, in order.
     fn hold(&mut self, taken: Taken) -> Intake {

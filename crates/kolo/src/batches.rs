@@ -270,7 +270,7 @@ mod tests {
         for i in 0..n {
             names.push(&format!("t{i}"));
         }
-        Completion::new(Arc::new(names), false, None)
+        Completion::new(Arc::new(names), false, None, None)
     }
 
     fn ids(n: usize) -> Arc<[TensorId]> {

@@ -93,6 +93,56 @@ pub(crate) trait DevicePlane {
     );
 }
 
+/// Where an engine keeps its GPU data plane, if it may have one. A host
+/// engine's is [`NoPlane`], which leaves the engine `Send` (with a `Send`
+/// backend), so that a caller's thread may run its cycles (see
+/// `crate::progress`); a GPU engine's plane stays on the engine's thread.
+pub(crate) trait PlaneSlot {
+    /// The plane, if there is one.
+    fn plane(&mut self) -> Option<&mut dyn DevicePlane>;
+
+    /// True when there is a plane.
+    fn has_plane(&self) -> bool;
+
+    /// The CUDA device of the plane, if there is one.
+    fn ordinal(&self) -> Option<usize>;
+}
+
+impl PlaneSlot for Option<Box<dyn DevicePlane>> {
+    fn plane(&mut self) -> Option<&mut dyn DevicePlane> {
+        match self {
+            Some(plane) => Some(plane.as_mut()),
+            None => None,
+        }
+    }
+
+    fn has_plane(&self) -> bool {
+        self.is_some()
+    }
+
+    fn ordinal(&self) -> Option<usize> {
+        self.as_ref().map(|plane| plane.ordinal())
+    }
+}
+
+/// No device plane: a host-only engine.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NoPlane;
+
+impl PlaneSlot for NoPlane {
+    fn plane(&mut self) -> Option<&mut dyn DevicePlane> {
+        None
+    }
+
+    fn has_plane(&self) -> bool {
+        false
+    }
+
+    fn ordinal(&self) -> Option<usize> {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

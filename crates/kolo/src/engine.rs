@@ -3,12 +3,13 @@
 //! only talks to it through the tensor table and a channel, which keeps it
 //! free of the backend's type.
 
-use crate::background::{self, Command};
+use crate::background::{Background, Command, Core};
 use crate::config::Config;
-use crate::device::DevicePlane;
+use crate::device::{DevicePlane, NoPlane, PlaneSlot};
 use crate::error::Error;
 use crate::group::Group;
 use crate::handle::Completion;
+use crate::progress::Progress;
 use crate::stats::Stats;
 use crate::table::{Input, Table};
 use crossbeam_channel::Sender;
@@ -17,7 +18,7 @@ use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 /// What the engine thread reports once its backend is up: rank, size and
@@ -54,6 +55,13 @@ impl Kolo {
     /// Starts this rank's engine on `backend`: spawns the background thread
     /// that owns it. Every rank of the backend's communicator must start
     /// one. Rank 0 opens the timeline if `config` names one.
+    ///
+    /// The backend is `Send`, so a caller waiting on a handle may run the
+    /// engine's cycles on its own thread while the background thread does
+    /// not (blocking calls then need no hand-over to the background thread
+    /// at all; [`Stats::caller_cycles`] counts them). Use
+    /// [`Kolo::start_on_thread`] for a backend that must stay on one
+    /// thread.
     pub fn start<B: Backend + Send + 'static>(backend: B, config: Config) -> Result<Kolo, Error> {
         Kolo::start_with_abort(backend, config, |_: &mut B, _: &str| {})
     }
@@ -68,7 +76,17 @@ impl Kolo {
         B: Backend + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        Kolo::start_on_thread(move || Ok(backend), config, abort)
+        // A `Send` backend may run on a waiting caller's thread too (see
+        // `crate::progress`).
+        Kolo::launch(
+            move || Ok((backend, NoPlane)),
+            config,
+            abort,
+            |engine| {
+                let progress: Weak<dyn Progress> = Arc::downgrade(engine.shareable()) as _;
+                Some(progress)
+            },
+        )
     }
 
     /// Starts the engine with a backend that `make` creates on the engine's
@@ -83,22 +101,43 @@ impl Kolo {
         M: FnOnce() -> Result<B, Error> + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        Kolo::start_engine(move || make().map(|b| (b, None)), config, abort)
+        Kolo::launch(
+            move || make().map(|b| (b, NoPlane)),
+            config,
+            abort,
+            |_| None,
+        )
     }
 
     /// [`Kolo::start_on_thread`] with an optional device data plane, made
     /// on the engine's thread with the backend (the GPU engines).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn start_engine<B, M, F>(make: M, config: Config, abort: F) -> Result<Kolo, Error>
     where
         B: Backend + 'static,
         M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
+        Kolo::launch(make, config, abort, |_| None)
+    }
+
+    /// Spawns the background thread, which makes the backend and device
+    /// plane with `make` and serves them; `share` says how a waiting
+    /// caller may run the engine's cycles, if it may.
+    fn launch<B, D, M, F, S>(make: M, config: Config, abort: F, share: S) -> Result<Kolo, Error>
+    where
+        B: Backend + 'static,
+        D: PlaneSlot + 'static,
+        M: FnOnce() -> Result<(B, D), Error> + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+        S: FnOnce(&Background<B, D>) -> Option<Weak<dyn Progress>> + Send + 'static,
+    {
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Topology, Error>>(1);
         let engine_config = config.clone();
         let engine_shared = Arc::clone(&shared);
+        let wake = commands.clone();
         let thread = std::thread::Builder::new()
             .name("kolo-engine".into())
             .spawn(move || {
@@ -110,7 +149,7 @@ impl Kolo {
                     }
                 };
                 let (rank, size) = (backend.rank(), backend.size());
-                let gpu = plane.as_ref().map(|p| p.ordinal());
+                let gpu = plane.ordinal();
                 let timeline = match (&engine_config.timeline, rank) {
                     (Some(path), 0) => {
                         match Timeline::create(path, engine_config.timeline_mark_cycles) {
@@ -126,15 +165,17 @@ impl Kolo {
                     }
                     _ => Timeline::disabled(),
                 };
-                let engine = background::Background::new(
+                let core = Core::new(
                     backend,
                     &engine_config,
                     timeline,
-                    engine_shared,
-                    receiver,
-                    abort,
-                )
-                .with_device(plane);
+                    Arc::clone(&engine_shared),
+                    plane,
+                );
+                let engine = Background::new(core, &engine_config, receiver, wake, abort);
+                if let Some(progress) = share(&engine) {
+                    engine_shared.table.lock().set_progress(progress);
+                }
                 let _ = ready_tx.send(Ok((rank, size, gpu)));
                 engine.run()
             })
@@ -253,7 +294,12 @@ impl Kolo {
     /// submission's completion.
     pub(crate) fn submit(&self, group: Group<'_>) -> Result<Arc<Completion>, Error> {
         if group.len() == 0 {
-            return Ok(Completion::new(Arc::default(), group.payloads, group.lease));
+            return Ok(Completion::new(
+                Arc::default(),
+                group.payloads,
+                group.lease,
+                None,
+            ));
         }
         let (completion, wake) = self.shared.table.lock().insert(group)?;
         if wake {

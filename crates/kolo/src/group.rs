@@ -187,9 +187,22 @@ pub(crate) struct Group<'n> {
     /// The memory the tensors are lent from, when the submission owns it
     /// (a copying group's staging copy): kept until the results are taken.
     pub(crate) staging: Option<Payload>,
+    /// The submitter waits for it at once and runs the engine's cycles
+    /// itself if it can, so the background thread is not woken for it
+    /// (see [`Group::quietly`]).
+    pub(crate) quiet: bool,
 }
 
 impl<'n> Group<'n> {
+    /// This submission, not waking the background thread: for a caller
+    /// that waits for it right away (a blocking call), whose wait runs the
+    /// engine's cycles on its own thread where it can, and wakes the
+    /// background thread where it cannot (see [`crate::progress`]).
+    pub(crate) fn quietly(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
     /// An empty submission of tensors with the parameters `template` (its
     /// shape is ignored) with room for `capacity` tensors.
     pub(crate) fn new(
@@ -206,6 +219,7 @@ impl<'n> Group<'n> {
             payloads,
             lease,
             staging: None,
+            quiet: false,
         }
     }
 
@@ -221,6 +235,7 @@ impl<'n> Group<'n> {
             payloads: false,
             lease,
             staging: None,
+            quiet: false,
         }
     }
 

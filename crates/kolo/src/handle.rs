@@ -16,13 +16,14 @@
 
 use crate::error::Error;
 use crate::lease::Lease;
+use crate::progress::Progress;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,9 @@ pub(crate) struct Completion {
     /// without the lock. On a line of its own, away from the lock and the
     /// reference count that the engine's thread writes.
     finished: CachePadded<AtomicBool>,
+    /// Runs the engine's cycles on the waiting thread, on a host engine
+    /// (see [`crate::progress`]).
+    progress: Option<Weak<dyn Progress>>,
 }
 
 struct State {
@@ -76,11 +80,13 @@ pub(crate) type Outcome = Result<Vec<Payload>, Error>;
 impl Completion {
     /// A submission of the tensors `names` (one part each), pending;
     /// `payloads` says whether the parts deliver outputs. `lease` is
-    /// released once every part is in (at once for no parts).
+    /// released once every part is in (at once for no parts). A waiter
+    /// runs the engine's cycles through `progress` while it can.
     pub(crate) fn new(
         names: Arc<TensorNames>,
         payloads: bool,
         lease: Option<Lease>,
+        progress: Option<Weak<dyn Progress>>,
     ) -> Arc<Completion> {
         let parts = names.len();
         let completion = Arc::new(Completion {
@@ -101,6 +107,7 @@ impl Completion {
             }),
             done: Condvar::new(),
             finished: CachePadded::new(AtomicBool::new(false)),
+            progress,
         });
         if parts == 0 {
             completion.finish(&mut completion.state.lock());
@@ -221,12 +228,24 @@ impl Completion {
         self.finished.load(Ordering::Acquire)
     }
 
-    /// Blocks until done and takes the results: polls (yielding the CPU)
-    /// for [`POLL_BEFORE_SLEEP`], then sleeps on the condition variable.
+    /// Blocks until done and takes the results: for up to
+    /// [`POLL_BEFORE_SLEEP`] runs the engine's cycles on this thread while
+    /// no other thread does (a host engine, see [`crate::progress`]) or
+    /// polls, yielding the CPU; then makes sure the background thread is
+    /// awake and sleeps on the condition variable.
     fn wait(&self) -> Option<Outcome> {
-        let start = Instant::now();
-        while !self.is_done() && start.elapsed() < POLL_BEFORE_SLEEP {
-            std::thread::yield_now();
+        let deadline = Instant::now() + POLL_BEFORE_SLEEP;
+        let progress = self.progress.as_ref().and_then(Weak::upgrade);
+        while !self.is_done() && Instant::now() < deadline {
+            let ran = progress
+                .as_ref()
+                .is_some_and(|p| p.run_until(&|| self.is_done(), deadline));
+            if !ran {
+                std::thread::yield_now();
+            }
+        }
+        if let Some(progress) = progress.filter(|_| !self.is_done()) {
+            progress.wake();
         }
         let mut state = self.state.lock();
         while !self.finished.load(Ordering::Acquire) {
@@ -563,7 +582,7 @@ mod tests {
 
     #[test]
     fn poll_then_complete() {
-        let c = Completion::new(names(2), true, None);
+        let c = Completion::new(names(2), true, None, None);
         let mut h = handle_of(&c);
         let (a, b) = (c.part(0), c.part(1));
         assert!(h.poll().is_none());
@@ -579,7 +598,7 @@ mod tests {
 
     #[test]
     fn the_lowest_failed_part_wins() {
-        let c = Completion::new(names(3), false, None);
+        let c = Completion::new(names(3), false, None, None);
         let h = handle_of(&c);
         c.part(2)
             .complete(Err(Error::ShutDown { by_ranks: vec![2] }));
@@ -591,7 +610,7 @@ mod tests {
 
     #[test]
     fn a_dropped_part_fails_the_handle() {
-        let c = Completion::new(names(1), false, None);
+        let c = Completion::new(names(1), false, None, None);
         let h = handle_of(&c);
         drop(c.part(0));
         match h.wait() {
@@ -603,17 +622,17 @@ mod tests {
     #[test]
     fn no_parts_is_done_at_once_and_releases_its_lease() {
         let leases = Arc::new(crate::lease::Leases::default());
-        let c = Completion::new(names(0), false, Some(leases.lease()));
+        let c = Completion::new(names(0), false, Some(leases.lease()), None);
         assert!(c.is_done());
         leases.wait_all();
-        let d = Completion::new(names(1), false, Some(leases.lease()));
+        let d = Completion::new(names(1), false, Some(leases.lease()), None);
         d.fail_open(|_| Error::ShutDown { by_ranks: vec![0] });
         leases.wait_all();
     }
 
     #[test]
     fn wait_blocks_until_another_thread_completes() {
-        let c = Completion::new(names(1), false, None);
+        let c = Completion::new(names(1), false, None, None);
         let h = handle_of(&c);
         let part = c.part(0);
         let t = std::thread::spawn(move || part.complete(Ok(Box::new(()))));
@@ -623,7 +642,7 @@ mod tests {
 
     #[test]
     fn await_completes() {
-        let c = Completion::new(names(1), true, None);
+        let c = Completion::new(names(1), true, None, None);
         let h = handle_of(&c);
         let part = c.part(0);
         let t = std::thread::spawn(move || part.complete(Ok(Box::new(()))));

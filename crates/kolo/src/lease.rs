@@ -61,6 +61,10 @@ impl Leases {
 pub(crate) struct ScopeCore<'scope, 'env: 'scope> {
     pub(crate) kolo: &'env Kolo,
     pub(crate) leases: Arc<Leases>,
+    /// The scope of a blocking call, which waits for its submission at
+    /// once: its submissions do not wake the background thread (see
+    /// `Group::quietly`).
+    pub(crate) blocking: bool,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -71,6 +75,7 @@ impl<'env> ScopeCore<'_, 'env> {
         ScopeCore {
             kolo,
             leases: Arc::new(Leases::default()),
+            blocking: false,
             _scope: PhantomData,
             _env: PhantomData,
         }

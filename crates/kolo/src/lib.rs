@@ -50,6 +50,7 @@ mod mpi;
 pub mod nccl;
 mod ops;
 mod perform;
+mod progress;
 mod scope;
 mod split;
 mod stats;

@@ -128,9 +128,29 @@ impl Kolo {
         &'env self,
         f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
     ) -> R {
-        let scope = Scope {
-            core: ScopeCore::new(self),
-        };
+        self.scope_of(false, f)
+    }
+
+    /// The scope of a blocking call, which waits for what it submits at
+    /// once: its submissions leave the background thread asleep, and the
+    /// wait runs the engine's cycles on the caller's thread where it can
+    /// (see `crate::progress`).
+    pub(crate) fn blocking_scope<'env, R>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    ) -> R {
+        self.scope_of(true, f)
+    }
+
+    /// [`Kolo::scope`], for a blocking call or not.
+    fn scope_of<'env, R>(
+        &'env self,
+        blocking: bool,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
+    ) -> R {
+        let mut core = ScopeCore::new(self);
+        core.blocking = blocking;
+        let scope = Scope { core };
         ScopeCore::run(Arc::clone(&scope.core.leases), || f(&scope))
     }
 }
@@ -162,7 +182,7 @@ impl<'scope> Scope<'scope, '_> {
         let lease = Some(self.core.leases.lease());
         let mut group = Group::new(template, tensors.size_hint().0, false, lease);
         lend_all(&mut group, tensors)?;
-        let completion = kolo.submit(group)?;
+        let completion = kolo.submit(group.quietly(self.core.blocking))?;
         Ok(Handle::new(completion, |_| Ok(())))
     }
 
@@ -185,7 +205,7 @@ impl<'scope> Scope<'scope, '_> {
         let lease = Some(self.core.leases.lease());
         let mut submission = Group::known(template, group, lease);
         lend_group(&mut submission, group, tensors.into_iter().map(Into::into))?;
-        let completion = kolo.submit(submission)?;
+        let completion = kolo.submit(submission.quietly(self.core.blocking))?;
         Ok(Handle::new(completion, |_| Ok(())))
     }
 }

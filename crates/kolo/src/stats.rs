@@ -8,6 +8,10 @@ use std::collections::BTreeMap;
 pub struct Stats {
     /// Negotiation cycles run.
     pub cycles: u64,
+    /// Cycles run on a caller's thread while it waited for its results,
+    /// instead of on the background thread (host engines on a `Send`
+    /// backend, see [`crate::Kolo::start`]).
+    pub caller_cycles: u64,
     /// Cycles in which request lists were gathered to rank 0 (the others
     /// were settled by the response cache or were idle).
     pub gathered_cycles: u64,

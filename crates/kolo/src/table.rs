@@ -23,10 +23,11 @@
 use crate::error::Error;
 use crate::group::{Group, Inputs, Names, Shapes};
 use crate::handle::{Completion, Payload, TensorNames};
+use crate::progress::Progress;
 use kolo_coordinator::{Submission, TensorId};
 use kolo_protocol::Params;
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Below this many names the table never reclaims ids.
 const RECLAIM_FLOOR: usize = 4096;
@@ -164,6 +165,14 @@ pub(crate) struct Table {
     /// thread when the queue was empty: a burst of submissions costs one
     /// wake-up, not one per tensor.
     queue: Taken,
+    /// A submission since the last take woke the background thread (or
+    /// will): later ones need not. A quiet submission (see
+    /// [`Group::quietly`]) wakes nobody where its waiter can run the
+    /// cycles.
+    woken: bool,
+    /// How a handle's waiter runs the engine's cycles itself, on a host
+    /// engine (see [`crate::progress`]).
+    progress: Option<Weak<dyn Progress>>,
     /// The last groups submitted with names given one by one.
     memos: Vec<Memo>,
     /// The last [`crate::TensorGroup`]s submitted.
@@ -242,9 +251,10 @@ impl Table {
             payloads,
             lease,
             staging,
+            quiet,
             ..
         } = group;
-        let completion = Completion::new(names, payloads, lease);
+        let completion = Completion::new(names, payloads, lease, self.progress.clone());
         if let Some(staging) = staging {
             completion.keep_staging(staging);
         }
@@ -280,7 +290,12 @@ impl Table {
                 self.flights[id.index()] = (seq, index as u32);
             }
         }
-        let wake = self.queue.submissions.is_empty();
+        // A quiet submission's waiter runs the cycles itself, or wakes the
+        // background thread before it sleeps; without that (an engine on
+        // a thread of its own) every submission wakes the thread.
+        let runs_itself = quiet && self.progress.is_some();
+        let wake = !runs_itself && !self.woken;
+        self.woken |= wake;
         self.live.push((seq, Arc::clone(&completion)));
         self.queue.submissions.push(Queued {
             completion: Arc::clone(&completion),
@@ -443,7 +458,19 @@ impl Table {
 
     /// Takes the queued submissions and the ids named since the last call.
     pub(crate) fn take_queued(&mut self) -> Taken {
+        self.woken = false;
         std::mem::take(&mut self.queue)
+    }
+
+    /// True while submissions wait in the queue.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.queue.submissions.is_empty()
+    }
+
+    /// Lets handles of later submissions run the engine's cycles while
+    /// they wait (see [`crate::progress`]).
+    pub(crate) fn set_progress(&mut self, progress: Weak<dyn Progress>) {
+        self.progress = Some(progress);
     }
 
     /// The id of `name`, if it has one.
@@ -540,11 +567,22 @@ mod tests {
         }
 
         fn insert_shaped(&mut self, names: &[&str], len: u64) -> Result<bool, Error> {
+            self.insert_as(names, len, false)
+        }
+
+        /// Submits `names` as a blocking call does (see `Group::quietly`).
+        fn insert_quiet(&mut self, names: &[&str]) -> Result<bool, Error> {
+            self.insert_as(names, 1, true)
+        }
+
+        fn insert_as(&mut self, names: &[&str], len: u64, quiet: bool) -> Result<bool, Error> {
             let mut group = Group::new(template(), names.len(), false, None);
             for name in names {
                 group.push(name, &[len], Input::None);
             }
-            self.table.insert(group).map(|(_, wake)| wake)
+            self.table
+                .insert(group.quietly(quiet))
+                .map(|(_, wake)| wake)
         }
 
         /// Submits the tensors of `group` (each of shape [1]).
@@ -633,6 +671,37 @@ mod tests {
         assert_eq!(named, ["a", "b", "c"]);
         assert!(w.take().0.is_empty());
         assert_eq!(w.insert(&["d"]), Ok(true));
+    }
+
+    /// A waiter that never gets to run the engine's cycles.
+    struct Elsewhere;
+
+    impl Progress for Elsewhere {
+        fn run_until(&self, _: &dyn Fn() -> bool, _: std::time::Instant) -> bool {
+            false
+        }
+
+        fn wake(&self) {}
+    }
+
+    #[test]
+    fn a_quiet_submission_leaves_the_wake_to_the_next_loud_one() {
+        // No waiter can run the cycles: every first submission wakes.
+        let mut w = World::default();
+        assert_eq!(w.insert_quiet(&["a"]), Ok(true));
+        assert_eq!(w.insert_quiet(&["b"]), Ok(false));
+        w.take();
+        let progress: Arc<dyn Progress> = Arc::new(Elsewhere);
+        w.table.set_progress(Arc::downgrade(&progress));
+        assert_eq!(w.insert_quiet(&["c"]), Ok(false), "its waiter runs it");
+        assert_eq!(w.insert(&["d"]), Ok(true), "nobody woke the thread yet");
+        assert_eq!(w.insert(&["e"]), Ok(false));
+        assert_eq!(w.insert_quiet(&["f"]), Ok(false));
+        let (queued, _) = w.take();
+        assert_eq!(queued.len(), 4, "quiet or not, all are queued");
+        assert_eq!(w.insert_quiet(&["g"]), Ok(false));
+        assert_eq!(w.insert_quiet(&["h"]), Ok(false));
+        assert_eq!(w.insert(&["i"]), Ok(true));
     }
 
     #[test]

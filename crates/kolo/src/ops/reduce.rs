@@ -24,7 +24,7 @@ impl Kolo {
     ) -> Result<(), Error> {
         // Blocking: the engine reduces `buf` in place, without a copy.
         let (buf, options) = (buf.into(), options.into());
-        self.scope(|s| s.allreduce_async(name, buf, options)?.wait())
+        self.blocking_scope(|s| s.allreduce_async(name, buf, options)?.wait())
     }
 
     /// Submits an allreduce of `buf`; the handle writes the result into
@@ -87,7 +87,7 @@ impl Kolo {
     ) -> Result<(), Error> {
         // Blocking: the engine reduces the buffers in place, without a copy.
         let options = options.into();
-        self.scope(|s| {
+        self.blocking_scope(|s| {
             let views = tensors
                 .iter_mut()
                 .map(|(name, buf)| (*name, TensorMut::from(&mut **buf)));
@@ -106,7 +106,7 @@ impl Kolo {
         options: impl Into<ReduceOptions>,
     ) -> Result<(), Error> {
         let options = options.into();
-        self.scope(|s| {
+        self.blocking_scope(|s| {
             let views = tensors.iter_mut().map(|buf| TensorMut::from(&mut **buf));
             s.allreduce_group_async(group, views, options)?.wait()
         })

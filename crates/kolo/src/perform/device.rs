@@ -2,13 +2,13 @@
 //! device plane, or fails them when the engine has none.
 
 use crate::background::{Engine, ParamsOf};
-use crate::device::{refusal, DeviceEntry};
+use crate::device::{refusal, DeviceEntry, PlaneSlot};
 use crate::error::Error;
 use crate::table::Entry;
 use kolo_protocol::{DataType, Params, RequestKind, Response};
 use kolo_transport::Backend;
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// Performs a response whose tensors live on a device: hands them to
     /// the device plane, which completes them once the device is done.
     pub(crate) fn perform_device(
@@ -19,8 +19,8 @@ impl<B: Backend> Engine<B> {
         params: ParamsOf<'_>,
     ) {
         match (
-            refusal(response, self.device.is_some()),
-            self.device.is_some(),
+            refusal(response, self.device.has_plane()),
+            self.device.has_plane(),
         ) {
             (None, true) => {
                 let entries: Vec<Option<DeviceEntry>> = slots
@@ -39,7 +39,7 @@ impl<B: Backend> Engine<B> {
                         })
                     })
                     .collect();
-                if let Some(plane) = self.device.as_mut() {
+                if let Some(plane) = self.device.plane() {
                     plane.perform(kind, response, entries, &self.timeline);
                 }
             }

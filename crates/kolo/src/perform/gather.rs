@@ -2,6 +2,7 @@
 
 use super::device_of;
 use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
+use crate::device::PlaneSlot;
 use crate::error::Error;
 use crate::handle::Payload;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems};
@@ -10,7 +11,7 @@ use kolo_protocol::Response;
 use kolo_timeline::activity;
 use kolo_transport::{Backend, Element, TransportError};
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// Allgathers the response's tensors, fused; each output is every
     /// rank's rows in rank order.
     pub(crate) fn allgather<T: Element>(

@@ -2,6 +2,7 @@
 
 use super::device_of;
 use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
+use crate::device::PlaneSlot;
 use crate::error::Error;
 use crate::handle::Payload;
 use crate::split::{row_elems, split_rows};
@@ -44,7 +45,7 @@ enum Buffer<T> {
     Owned(Vec<T>),
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// Allreduces the tensors of the responses `parts` (one fusion class)
     /// in place, as one collective. `names` are their names when the
     /// timeline records them (empty otherwise).

@@ -1,12 +1,12 @@
 //! A caller waiting for its own results runs the engine's cycles itself.
 //!
-//! A rank's engine state ([`Core`]) sits behind a lock that the background
-//! thread takes only to run a cycle. A handle's waiter whose engine is free
-//! takes the lock and runs the cycles on its own thread until its results
-//! are in, as an MPI library progresses inside the call that waits. Its
-//! step then runs where its buffers were just written (in that core's
-//! cache), and neither the hand-over to the background thread nor the
-//! wake-up back costs anything. The background thread keeps every other
+//! A rank's engine state ([`Core`](crate::background::Core)) sits behind
+//! a lock that the background thread takes only to run a cycle. A handle's
+//! waiter whose engine is free takes the lock and runs the cycles on its
+//! own thread until its results are in, as an MPI library progresses
+//! inside the call that waits. Its step then runs where its buffers were
+//! just written (in that core's cache), and neither the hand-over to the
+//! background thread nor the wake-up back costs anything. The background thread keeps every other
 //! duty: it serves submissions nobody waits for (the overlap of a step's
 //! collectives with the caller's computation), idle cycles, shutdown and
 //! aborts. A waiter that leaves work behind (another thread's

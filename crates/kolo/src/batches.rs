@@ -147,9 +147,8 @@ impl Batches {
         };
         if let Some(mut batch) = slot.take() {
             self.free.push(key);
-            let n = batch.completion.names().len() as u32;
             match result {
-                Ok(()) => batch.completion.complete_ok(0..n),
+                Ok(()) => batch.completion.complete_all_ok(),
                 Err(error) => batch.completion.fail_open(error),
             }
             batch.open = 0;

@@ -124,6 +124,15 @@ impl TensorGroup {
         Ok(())
     }
 
+    /// Fails unless `given` buffers, one per tensor, were given.
+    pub(crate) fn check_count(&self, given: usize) -> Result<(), Error> {
+        if given == self.len() {
+            Ok(())
+        } else {
+            Err(self.count_error(given.to_string()))
+        }
+    }
+
     /// The error for a submission of `given` buffers (a count, or "more
     /// than N") to this group, naming its first tensor.
     fn count_error(&self, given: String) -> Error {

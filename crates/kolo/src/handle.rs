@@ -149,6 +149,11 @@ impl Completion {
 
     /// Records one part's result (under the lock).
     fn record(state: &mut State, index: u32, result: Result<Payload, Error>) {
+        if state.remaining == 0 {
+            // Every part is in (perhaps without its flag, see
+            // `complete_all_ok`): the first results stay.
+            return;
+        }
         match state.done.get_mut(index as usize) {
             Some(done) if !*done => *done = true,
             // Counted in already (or never a part): the first result stays.
@@ -207,6 +212,15 @@ impl Completion {
             }
         }
         state.remaining = state.remaining.saturating_sub(counted);
+        self.finish(&mut state);
+    }
+
+    /// Completes every part successfully with no output (a whole
+    /// submission of lent tensors): one lock and no flag per part, as a
+    /// done submission reads as done whole (see [`Completion::part_done`]).
+    pub(crate) fn complete_all_ok(&self) {
+        let mut state = self.state.lock();
+        state.remaining = 0;
         self.finish(&mut state);
     }
 
@@ -594,6 +608,20 @@ mod tests {
         assert_eq!(h.poll(), Some(Ok(2)));
         assert!(matches!(h.poll(), Some(Err(Error::InvalidArgument { .. }))));
         assert_eq!(h.tensors().collect::<Vec<_>>(), ["t0", "t1"]);
+    }
+
+    #[test]
+    fn a_submission_completed_whole_keeps_its_success() {
+        let c = Completion::new(names(3), false, None, None);
+        let h = handle_of(&c);
+        c.complete_all_ok();
+        assert!(c.is_done() && (0..3).all(|i| c.part_done(i)));
+        // Late results (a kolo bug) change nothing.
+        c.fail_open(|_| Error::ShutDown { by_ranks: vec![0] });
+        c.complete_parts([(1, Err(Error::ShutDown { by_ranks: vec![1] }))]);
+        c.part(2)
+            .complete(Err(Error::ShutDown { by_ranks: vec![2] }));
+        assert_eq!(h.wait(), Ok(0));
     }
 
     #[test]

@@ -210,6 +210,29 @@ impl<'scope> Scope<'scope, '_> {
     }
 }
 
+impl<'scope> Scope<'scope, '_> {
+    /// [`Scope::allreduce_group_async`] of plain 1-D buffers (the blocking
+    /// [`Kolo::allreduce_group`]): a slice's shape is its length, so
+    /// nothing but the count is checked, and no view is built per tensor.
+    pub(crate) fn allreduce_group_slices<T: Element>(
+        &self,
+        group: &TensorGroup,
+        tensors: &'scope mut [&mut [T]],
+        options: ReduceOptions,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        group.check_count(tensors.len())?;
+        let kolo = self.core.kolo;
+        let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
+        let lease = Some(self.core.leases.lease());
+        let mut submission = Group::known(template, group, lease);
+        for buf in tensors.iter_mut() {
+            submission.push_lent_data(&[buf.len()], buf);
+        }
+        let completion = kolo.submit(submission.quietly(self.core.blocking))?;
+        Ok(Handle::new(completion, |_| Ok(())))
+    }
+}
+
 /// Adds the buffers `tensors` of `group`'s tensors to `submission`, lent,
 /// once [`TensorGroup::each_buffer`] checked them. Out of line, as
 /// [`lend_all`].

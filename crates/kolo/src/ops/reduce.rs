@@ -106,10 +106,7 @@ impl Kolo {
         options: impl Into<ReduceOptions>,
     ) -> Result<(), Error> {
         let options = options.into();
-        self.blocking_scope(|s| {
-            let views = tensors.iter_mut().map(|buf| TensorMut::from(&mut **buf));
-            s.allreduce_group_async(group, views, options)?.wait()
-        })
+        self.blocking_scope(|s| s.allreduce_group_slices(group, tensors, options)?.wait())
     }
 
     /// [`Kolo::grouped_allreduce`] without blocking: one handle for the

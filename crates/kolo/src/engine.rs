@@ -1,7 +1,9 @@
 //! [`Kolo`]: one rank's handle on its engine. The engine itself is a
-//! background thread that owns the backend (see `background.rs`); `Kolo`
-//! only talks to it through the tensor table and a channel, which keeps it
-//! free of the backend's type.
+//! background thread that owns the backend (see `background.rs`; on a
+//! host engine a caller waiting for its results may run the engine's
+//! cycles, see `progress.rs`); `Kolo` only talks to it through the tensor
+//! table, a channel and that hook, which keeps it free of the backend's
+//! type.
 
 use crate::background::{Background, Command, Core};
 use crate::config::Config;

@@ -199,18 +199,12 @@ impl<'scope> Scope<'scope, '_> {
         tensors: impl IntoIterator<Item = V>,
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'scope, ()>, Error> {
-        let options = options.into();
-        let kolo = self.core.kolo;
-        let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
-        let lease = Some(self.core.leases.lease());
-        let mut submission = Group::known(template, group, lease);
-        lend_group(&mut submission, group, tensors.into_iter().map(Into::into))?;
-        let completion = kolo.submit(submission.quietly(self.core.blocking))?;
-        Ok(Handle::new(completion, |_| Ok(())))
+        let tensors = tensors.into_iter().map(Into::into);
+        self.submit_group::<T>(group, options.into(), |submission| {
+            lend_group(submission, group, tensors)
+        })
     }
-}
 
-impl<'scope> Scope<'scope, '_> {
     /// [`Scope::allreduce_group_async`] of plain 1-D buffers (the blocking
     /// [`Kolo::allreduce_group`]): a slice's shape is its length, so
     /// nothing but the count is checked, and no view is built per tensor.
@@ -220,14 +214,29 @@ impl<'scope> Scope<'scope, '_> {
         tensors: &'scope mut [&mut [T]],
         options: ReduceOptions,
     ) -> Result<Handle<'scope, ()>, Error> {
-        group.check_count(tensors.len())?;
+        self.submit_group::<T>(group, options, |submission| {
+            group.check_count(tensors.len())?;
+            for buf in tensors.iter_mut() {
+                submission.push_lent_data(&[buf.len()], buf);
+            }
+            Ok(())
+        })
+    }
+
+    /// Submits the allreduces of `group`'s tensors of `T`, whose buffers
+    /// `lend` checks and lends to the submission (nothing is submitted if
+    /// it fails).
+    fn submit_group<T: Element>(
+        &self,
+        group: &TensorGroup,
+        options: ReduceOptions,
+        lend: impl FnOnce(&mut Group<'_>) -> Result<(), Error>,
+    ) -> Result<Handle<'scope, ()>, Error> {
         let kolo = self.core.kolo;
         let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
         let lease = Some(self.core.leases.lease());
         let mut submission = Group::known(template, group, lease);
-        for buf in tensors.iter_mut() {
-            submission.push_lent_data(&[buf.len()], buf);
-        }
+        lend(&mut submission)?;
         let completion = kolo.submit(submission.quietly(self.core.blocking))?;
         Ok(Handle::new(completion, |_| Ok(())))
     }

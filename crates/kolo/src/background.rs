@@ -238,11 +238,13 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         self.stopped.is_some()
     }
 
-    /// True while a cycle has something to do: submissions are queued in
-    /// the table, or the coordinator has requests the ranks have not all
+    /// True while a cycle has something to do: a shutdown to agree on,
+    /// submissions queued in the table, or requests the ranks have not all
     /// agreed to yet.
     pub(crate) fn has_work(&self) -> bool {
-        self.coordinator.pending() > 0 || self.engine.shared.table.lock().has_queued()
+        self.shutdown_requested
+            || self.coordinator.pending() > 0
+            || self.engine.shared.table.lock().has_queued()
     }
 
     /// True once an idle rank is due to cycle (see [`Core::last_cycle`]).
@@ -414,7 +416,7 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
     fn serve(&mut self) -> Error {
         loop {
             let wait = match self.shared.core.try_lock() {
-                Some(core) if core.has_work() || core.shutdown_requested => Duration::ZERO,
+                Some(core) if core.has_work() => Duration::ZERO,
                 Some(core) => self.cycle_time.saturating_sub(core.last_cycle.elapsed()),
                 None => self.cycle_time,
             };
@@ -440,8 +442,7 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
                 };
             }
             core.shutdown_requested |= shutdown;
-            if !(core.shutdown_requested || core.has_work() || core.idle_cycle_due(self.cycle_time))
-            {
+            if !(core.has_work() || core.idle_cycle_due(self.cycle_time)) {
                 continue;
             }
             if let Err(reason) = core.step() {

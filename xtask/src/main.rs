@@ -15,13 +15,16 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod bench;
+mod gpu;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let root = workspace_root();
     match args.first().map(String::as_str) {
         Some("test") | Some("ci") => test(&root),
-        Some("bench") => bench(&root, &args[1..]),
-        Some("test-gpu") => test_gpu(&root),
+        Some("bench") => bench::bench(&root, &args[1..]),
+        Some("test-gpu") => gpu::test_gpu(&root),
         _ => {
             eprintln!("usage: cargo xtask <test|ci|bench|test-gpu>");
             std::process::exit(2);
@@ -37,7 +40,7 @@ fn workspace_root() -> PathBuf {
 }
 
 /// Runs `cargo` with `args` in `root`, failing with the command line.
-fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+pub(crate) fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("xtask: cargo {}", args.join(" "));
     let status = Command::new(&cargo)
@@ -89,196 +92,5 @@ fn test(root: &Path) -> Result<()> {
     // And the default build of the facade, which must need no system
     // library (`cargo add kolo` just works).
     cargo(root, &["check", "-p", "kolo", "--all-targets"])?;
-    Ok(())
-}
-
-fn bench(root: &Path, extra: &[String]) -> Result<()> {
-    let mut args = vec!["run", "--release", "-p", "kolo-bench", "--"];
-    args.extend(extra.iter().map(String::as_str));
-    cargo(root, &args)
-}
-
-/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl,
-/// kolo-pipeline, kolo's GPU engine checks) and kolo-bench in release mode
-/// into `gpu-dist/` (debuginfo stripped) with kolo-nccl's `run-gpu.sh` as
-/// `run.sh`, kolo's `run-gpu-engine.sh` as `run-engine.sh` and
-/// kolo-pipeline's `run-gpu-pipeline.sh` as `run-pipeline.sh` (with
-/// kolo-nccl's `gpu-env.sh`, the prelude all three source); runs them
-/// when `nvidia-smi` works
-/// here, otherwise says how to run the folder on a GPU host.
-fn test_gpu(root: &Path) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let build = |args: &[&str]| -> Result<String> {
-        eprintln!("xtask: cargo {}", args.join(" "));
-        let out = Command::new(&cargo)
-            .args(args)
-            .current_dir(root)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .with_context(|| format!("running cargo {}", args.join(" ")))?;
-        if !out.status.success() {
-            bail!("cargo {} failed ({})", args.join(" "), out.status);
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    // One compiler-artifact JSON object per line: the first "name" is the
-    // target's, "executable" its path (null for libraries).
-    let field = |line: &str, key: &str| -> Option<String> {
-        let start = line.find(&format!("\"{key}\":\""))? + key.len() + 4;
-        line[start..]
-            .find('"')
-            .map(|end| line[start..start + end].to_string())
-    };
-    let artifacts = |json: &str| -> Vec<(String, PathBuf)> {
-        json.lines()
-            .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
-            .filter_map(|l| Some((field(l, "name")?, PathBuf::from(field(l, "executable")?))))
-            .collect()
-    };
-    let tests = build(&[
-        "test",
-        "--release",
-        "-p",
-        "kolo-nccl",
-        "-p",
-        "kolo-pipeline",
-        "--features",
-        "kolo-pipeline/nccl,kolo-pipeline/mpi",
-        "--no-run",
-        "--message-format=json",
-    ])?;
-    let gpu_tests = ["gpu_threads", "gpu_mpi", "gpu_nccl", "gpu_nccl_mpi"];
-    let mut wanted: Vec<(String, PathBuf)> = artifacts(&tests)
-        .into_iter()
-        .filter(|(name, _)| gpu_tests.contains(&name.as_str()))
-        .collect();
-    if wanted.len() != gpu_tests.len() {
-        bail!("expected the {gpu_tests:?} test executables, found {wanted:?}");
-    }
-    // The GPU engine's checks (kolo with the `nccl` feature, and `mpi` for
-    // one process per GPU under mpirun).
-    let engine = build(&[
-        "test",
-        "--release",
-        "-p",
-        "kolo",
-        "--features",
-        "nccl,mpi",
-        "--test",
-        "gpu_engine",
-        "--no-run",
-        "--message-format=json",
-    ])?;
-    wanted.extend(
-        artifacts(&engine)
-            .into_iter()
-            .filter(|(name, _)| name == "gpu_engine"),
-    );
-    match build(&[
-        "build",
-        "--release",
-        "-p",
-        "kolo-bench",
-        "--message-format=json",
-    ]) {
-        Ok(json) => wanted.extend(
-            artifacts(&json)
-                .into_iter()
-                .filter(|(name, _)| name == "kolo-bench"),
-        ),
-        Err(e) => eprintln!("xtask: warning: kolo-bench not included: {e:#}"),
-    }
-    let dist = root.join("gpu-dist");
-    if dist.exists() {
-        std::fs::remove_dir_all(&dist).with_context(|| format!("removing {}", dist.display()))?;
-    }
-    std::fs::create_dir_all(&dist).with_context(|| format!("creating {}", dist.display()))?;
-    let mut total = 0u64;
-    for (name, exe) in &wanted {
-        let to = dist.join(name);
-        std::fs::copy(exe, &to)
-            .with_context(|| format!("copying {} to {}", exe.display(), to.display()))?;
-        // Best effort: without `strip` the folder is just larger.
-        let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
-        total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
-    }
-    let script = dist.join("run.sh");
-    std::fs::copy(root.join("crates/kolo-nccl/run-gpu.sh"), &script)
-        .context("copying run-gpu.sh")?;
-    let engine_script = dist.join("run-engine.sh");
-    std::fs::copy(root.join("crates/kolo/run-gpu-engine.sh"), &engine_script)
-        .context("copying run-gpu-engine.sh")?;
-    let pipeline_script = dist.join("run-pipeline.sh");
-    std::fs::copy(
-        root.join("crates/kolo-pipeline/run-gpu-pipeline.sh"),
-        &pipeline_script,
-    )
-    .context("copying run-gpu-pipeline.sh")?;
-    // What the three scripts share (they source it from their folder).
-    std::fs::copy(
-        root.join("crates/kolo-nccl/gpu-env.sh"),
-        dist.join("gpu-env.sh"),
-    )
-    .context("copying gpu-env.sh")?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        for file in [&script, &engine_script, &pipeline_script] {
-            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
-                .context("chmod run.sh")?;
-        }
-    }
-    eprintln!(
-        "xtask: {} ({} MiB): {}",
-        dist.display(),
-        total >> 20,
-        wanted
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    if total > 60 << 20 {
-        bail!(
-            "gpu-dist is {} MiB, over the 60 MiB a GPU run can take",
-            total >> 20
-        );
-    }
-    let gpu_here = Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !gpu_here {
-        eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
-            dist.display()
-        );
-        return Ok(());
-    }
-    let status = Command::new("bash")
-        .arg(&script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run.sh failed ({status})");
-    }
-    let status = Command::new("bash")
-        .arg(&engine_script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run-engine.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run-engine.sh failed ({status})");
-    }
-    let status = Command::new("bash")
-        .arg(&pipeline_script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run-pipeline.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run-pipeline.sh failed ({status})");
-    }
     Ok(())
 }

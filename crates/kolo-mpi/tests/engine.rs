@@ -49,8 +49,13 @@ fn suite_jobs() -> Vec<kolo_engine_suite::Job> {
         ),
     );
     jobs.push(kolo_engine_suite::Job::stall(3));
+    jobs.extend(kolo_engine_suite::order_jobs(&ORDER_RANKS));
     jobs
 }
+
+/// The process counts of the order jobs (every submission style against
+/// every other, under each setting of fusion, cache and timeline).
+const ORDER_RANKS: [usize; 3] = [2, 3, 4];
 
 /// Whether the backend packs fused allreduces into the fusion buffer (see
 /// `judge`): MPI does (no native allreduce over segments).
@@ -153,6 +158,21 @@ fn harness(exe: &Path) -> Vec<Verdict> {
     let identical = Verdict::new(identical.name, identical.failure);
     identical.print();
     verdicts.push(identical);
+    // Each order job reaches the bits of the first at its process count.
+    for job in suite.iter().filter(|j| j.name.starts_with("orders_")) {
+        let Some(first) = suite
+            .iter()
+            .find(|j| j.name.starts_with("orders_") && j.ranks == job.ranks)
+        else {
+            continue;
+        };
+        if first.name != job.name {
+            let same = compare_digests((&first.name, of(&first.name)), (&job.name, of(&job.name)));
+            let same = Verdict::new(same.name, same.failure);
+            same.print();
+            verdicts.push(same);
+        }
+    }
     verdicts
 }
 

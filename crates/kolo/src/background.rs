@@ -8,7 +8,7 @@
 //! caller waiting for its own results may run the cycles instead (see
 //! [`crate::progress`]), and the thread then only waits.
 
-use crate::batches::{Batches, PartRef};
+use crate::batches::{Batches, PartRef, Whole};
 use crate::config::Config;
 use crate::device::PlaneSlot;
 use crate::engine::Shared;
@@ -657,11 +657,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
             return None;
         }
         let (key, _) = Batches::locate((*self.held.get(ids.first()?.index())?)?);
-        let held = self.batches.ids(key)?;
-        if !Arc::ptr_eq(held, ids)
-            || self.batches.open(key) != ids.len()
-            || !self.batches.is_lent(key)
-        {
+        if !Arc::ptr_eq(self.batches.ids(key)?, ids) {
             return None;
         }
         let head = cache.response(*slots.first()?)?;
@@ -669,6 +665,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
             return None;
         }
         let ids = Arc::clone(ids);
+        let whole = self.batches.claim_whole(key, ids.len())?;
         {
             // The cycle as `record_cycle` counts it once settled (all
             // hits, nothing gathered), and its one operation.
@@ -676,7 +673,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
             stats.record_cycle(false, slots.len());
             stats.record_operation(slots.len());
         }
-        with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
+        with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, whole));
         Some(ids)
     }
 
@@ -720,15 +717,13 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     }
 
     /// The submission whose tensors `members` are, all of them in order,
-    /// if they are one (a repeated group settled by the cache: then its
+    /// if they are one whole submission none of whose tensors was
+    /// performed yet (a repeated group settled by the cache: then its
     /// fused allreduce runs straight over the submission's lent memory).
     /// The tensors are taken from the hold.
-    fn whole_submission(&mut self, work: &[Work<'_>], members: &[usize]) -> Option<u32> {
+    fn whole_submission(&mut self, work: &[Work<'_>], members: &[usize]) -> Option<Whole> {
         let first = work[*members.first()?].id?;
         let (key, _) = Batches::locate((*self.held.get(first.index())?)?);
-        if self.batches.open(key) != members.len() || !self.batches.is_lent(key) {
-            return None;
-        }
         for (position, &m) in members.iter().enumerate() {
             let id = work[m].id?;
             let part = (*self.held.get(id.index())?)?;
@@ -736,12 +731,15 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
                 return None;
             }
         }
+        // Every member is part `position` of the submission; claiming it
+        // whole checks that they are all of its parts and none is done.
+        let whole = self.batches.claim_whole(key, members.len())?;
         for &m in members {
             if let Some(held) = work[m].id.and_then(|id| self.held.get_mut(id.index())) {
                 *held = None;
             }
         }
-        Some(key)
+        Some(whole)
     }
 
     /// The tensor `id` this rank holds.
@@ -768,10 +766,10 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         // of lent tensors, without reading the other responses.
         let fused_allreduce = head.kind == ResponseKind::Op(RequestKind::Allreduce);
         if fused_allreduce && !self.timeline.is_enabled() && !crate::device::on_device(head) {
-            if let Some(key) = self.whole_submission(work, members) {
-                let ids = self.batches.ids(key).map(Arc::clone);
+            if let Some(whole) = self.whole_submission(work, members) {
+                let ids = self.batches.ids(whole.key()).map(Arc::clone);
                 self.shared.stats.lock().record_operation(members.len());
-                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, key));
+                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, whole));
                 return ids;
             }
         }

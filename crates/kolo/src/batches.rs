@@ -33,6 +33,25 @@ struct Batch {
     ids: Arc<[TensorId]>,
     inputs: Inputs,
     open: usize,
+    /// No part was taken, completed or handed on yet: the submission can
+    /// still be performed whole (see [`Batches::claim_whole`]).
+    whole: bool,
+}
+
+/// The claim on a held submission that is performed whole, in one
+/// collective over all of its tensors: made only by
+/// [`Batches::claim_whole`], while no part of it was taken or completed,
+/// so that a whole collective never covers a tensor already done.
+#[derive(Debug)]
+pub(crate) struct Whole {
+    key: u32,
+}
+
+impl Whole {
+    /// The claimed submission's key.
+    pub(crate) fn key(&self) -> u32 {
+        self.key
+    }
 }
 
 impl Drop for Batch {
@@ -67,6 +86,7 @@ impl Batches {
             open: ids.len(),
             ids,
             inputs,
+            whole: true,
         });
         match self.free.pop() {
             Some(key) => {
@@ -98,50 +118,46 @@ impl Batches {
         }
     }
 
-    /// Tensors of submission `key` the engine still has to complete.
-    pub(crate) fn open(&self, key: u32) -> usize {
-        match self.slots.get(key as usize) {
-            Some(Some(batch)) => batch.open,
-            _ => 0,
+    /// Claims submission `key` to be performed whole, as a collective over
+    /// its `parts` tensors: only if it holds exactly that many, all lent
+    /// (segments of one element type), and none of them was taken,
+    /// completed or handed on. From then on no part of it can be taken on
+    /// its own.
+    pub(crate) fn claim_whole(&mut self, key: u32, parts: usize) -> Option<Whole> {
+        let batch = self.slots.get_mut(key as usize)?.as_mut()?;
+        let lent = matches!(batch.inputs, Inputs::Lent { .. });
+        if !batch.whole || !lent || batch.ids.len() != parts || batch.open != parts {
+            return None;
         }
+        batch.whole = false;
+        Some(Whole { key })
     }
 
-    /// All of submission `key`'s lent memory as `T`s (see
-    /// [`Inputs::lent_views`]).
-    pub(crate) fn lent_views<T: kolo_transport::Element>(
+    /// The memory of a claimed submission's tensors as `T`s, or, when its
+    /// tensors are not `T`s (a kolo bug: every rank's request named this
+    /// dtype), their element counts.
+    pub(crate) fn whole_views<T: kolo_transport::Element>(
         &mut self,
-        key: u32,
-    ) -> Option<Vec<&mut [T]>> {
-        match self.slots.get_mut(key as usize) {
-            Some(Some(batch)) => batch.inputs.lent_views::<T>(),
-            _ => None,
+        whole: &Whole,
+    ) -> Result<Vec<&mut [T]>, Vec<usize>> {
+        match self.slots.get_mut(whole.key as usize) {
+            Some(Some(batch)) => {
+                let sizes = batch.inputs.lent_lens();
+                batch.inputs.lent_views::<T>().ok_or(sizes)
+            }
+            _ => Err(Vec::new()),
         }
     }
 
-    /// True when submission `key`'s inputs are lent tensors (segments).
-    pub(crate) fn is_lent(&self, key: u32) -> bool {
-        matches!(
-            self.slots.get(key as usize),
-            Some(Some(Batch {
-                inputs: Inputs::Lent { .. },
-                ..
-            }))
-        )
-    }
-
-    /// The element counts of submission `key`'s lent tensors (empty for
-    /// other inputs).
-    pub(crate) fn sizes(&self, key: u32) -> Vec<usize> {
-        match self.slots.get(key as usize) {
-            Some(Some(batch)) => batch.inputs.lent_lens(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// Completes every open tensor of submission `key` with `result` (a
+    /// Completes every tensor of the claimed submission with `result` (a
     /// success without output, or each tensor's error made from its name)
     /// and lets it go.
-    pub(crate) fn complete_whole<F: Fn(&str) -> Error>(&mut self, key: u32, result: Result<(), F>) {
+    pub(crate) fn complete_whole<F: Fn(&str) -> Error>(
+        &mut self,
+        whole: Whole,
+        result: Result<(), F>,
+    ) {
+        let key = whole.key;
         let Some(slot) = self.slots.get_mut(key as usize) else {
             return;
         };
@@ -158,7 +174,10 @@ impl Batches {
     /// Takes `part`'s input (nothing if taken before or unknown).
     pub(crate) fn take_input(&mut self, part: PartRef) -> Input {
         match self.slots.get_mut(part.batch as usize) {
-            Some(Some(batch)) => batch.inputs.take(part.index as usize),
+            Some(Some(batch)) => {
+                batch.whole = false;
+                batch.inputs.take(part.index as usize)
+            }
             _ => Input::None,
         }
     }
@@ -197,6 +216,7 @@ impl Batches {
                 continue;
             };
             if let Some(batch) = slot {
+                batch.whole = false;
                 batch.completion.complete_ok(now.iter().map(|p| p.index));
                 batch.open = batch.open.saturating_sub(now.len());
                 if batch.open == 0 {
@@ -216,6 +236,7 @@ impl Batches {
             return;
         };
         if let Some(batch) = slot {
+            batch.whole = false;
             batch.completion.complete_parts(run.drain(..));
             batch.open = batch.open.saturating_sub(count);
             if batch.open == 0 {
@@ -231,6 +252,7 @@ impl Batches {
     pub(crate) fn detach(&mut self, part: PartRef) -> Option<Part> {
         let slot = self.slots.get_mut(part.batch as usize)?;
         let batch = slot.as_mut()?;
+        batch.whole = false;
         let detached = batch.completion.part(part.index as usize);
         batch.open = batch.open.saturating_sub(1);
         if batch.open == 0 {
@@ -307,6 +329,45 @@ mod tests {
         // A freed key serves the next submission.
         let c = submission(2);
         assert!([ka, kb].contains(&batches.add(c, ids(2), none(2))));
+    }
+
+    fn lent(data: &mut [f32], parts: usize) -> Inputs {
+        let mut group = crate::group::Group::new(
+            kolo_protocol::Params::new(
+                kolo_protocol::RequestKind::Allreduce,
+                kolo_protocol::DataType::F32,
+                [],
+            ),
+            parts,
+            false,
+            None,
+        );
+        for (i, chunk) in data.chunks_mut(1).take(parts).enumerate() {
+            group.push_lent(["a", "b", "c", "d"][i], &[1], chunk);
+        }
+        group.inputs
+    }
+
+    #[test]
+    fn only_an_untouched_lent_submission_of_exactly_its_parts_is_claimed_whole() {
+        let mut data = [0.0f32; 4];
+        let mut batches = Batches::default();
+        let key = batches.add(submission(4), ids(4), lent(&mut data, 4));
+        assert!(batches.claim_whole(key, 3).is_none(), "not every part");
+        assert!(batches.claim_whole(key, 5).is_none(), "more than its parts");
+        // Its last part performed on its own: the rest is no longer whole,
+        // though the open parts still line up with a group of three.
+        batches.take_input(Batches::part(key, 3));
+        batches.complete([(Batches::part(key, 3), Ok(Box::new(()) as Payload))]);
+        assert!(batches.claim_whole(key, 3).is_none());
+        assert!(batches.claim_whole(key, 4).is_none());
+        let other = batches.add(submission(4), ids(4), lent(&mut data, 4));
+        let whole = batches.claim_whole(other, 4).expect("untouched");
+        assert!(batches.claim_whole(other, 4).is_none(), "claimed once");
+        assert_eq!(batches.whole_views::<f32>(&whole).map(|v| v.len()), Ok(4));
+        assert_eq!(batches.whole_views::<i32>(&whole).err(), Some(vec![0; 4]));
+        let copied = batches.add(submission(2), ids(2), none(2));
+        assert!(batches.claim_whole(copied, 2).is_none(), "not lent");
     }
 
     #[test]

@@ -62,6 +62,8 @@ struct State {
     payloads: Vec<Option<Payload>>,
     /// The error of the lowest-numbered failed part.
     error: Option<(u32, Error)>,
+    /// Every failed part (the others delivered their results).
+    failed: Vec<u32>,
     waker: Option<Waker>,
     /// Held until every part is in: the claim of a scope on the caller's
     /// memory, released only after the engine's last access to it.
@@ -74,8 +76,20 @@ struct State {
     staging: Option<Payload>,
 }
 
-/// What a done submission delivered.
-pub(crate) type Outcome = Result<Vec<Payload>, Error>;
+/// What a done submission delivered: every part's output (in order, the
+/// staging copy after them), or what failed.
+pub(crate) type Outcome = Result<Vec<Payload>, Failure>;
+
+/// A done submission of which some parts failed.
+pub(crate) struct Failure {
+    /// The error of the lowest-numbered failed part.
+    pub(crate) error: Error,
+    /// Which parts failed, ascending; the others were performed.
+    pub(crate) failed: Vec<u32>,
+    /// The engine's staging copy of the inputs, if the submission had one:
+    /// the performed parts' results are in it.
+    pub(crate) staging: Option<Payload>,
+}
 
 impl Completion {
     /// A submission of the tensors `names` (one part each), pending;
@@ -100,6 +114,7 @@ impl Completion {
                     Vec::new()
                 },
                 error: None,
+                failed: Vec::new(),
                 waker: None,
                 lease,
                 taken: false,
@@ -166,6 +181,7 @@ impl Completion {
                 }
             }
             Err(error) => {
+                state.failed.push(index);
                 if state.error.as_ref().is_none_or(|(at, _)| index < *at) {
                     state.error = Some((index, error));
                 }
@@ -287,7 +303,13 @@ fn take(state: &mut State) -> Option<Outcome> {
         return None;
     }
     if let Some((_, error)) = state.error.take() {
-        return Some(Err(error));
+        let mut failed = std::mem::take(&mut state.failed);
+        failed.sort_unstable();
+        return Some(Err(Failure {
+            error,
+            failed,
+            staging: state.staging.take(),
+        }));
     }
     let mut outputs: Vec<Payload> = std::mem::take(&mut state.payloads)
         .into_iter()
@@ -441,9 +463,9 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-/// Turns the payloads of every tensor of a handle into its output (copying
+/// Turns what a handle's submission delivered into its output (copying
 /// results into the caller's buffers).
-type Finish<'a, O> = Box<dyn FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a>;
+type Finish<'a, O> = Box<dyn FnOnce(Outcome) -> Result<O, Error> + Send + 'a>;
 
 /// An operation in flight, borrowing the caller's output buffer (if any)
 /// for `'a`.
@@ -451,8 +473,9 @@ type Finish<'a, O> = Box<dyn FnOnce(Vec<Payload>) -> Result<O, Error> + Send + '
 /// The operation runs whether or not the handle is kept: dropping (or
 /// forgetting) it discards the result, never the operation. The result is
 /// written into the caller's buffer by [`Handle::wait`], by [`Handle::poll`]
-/// once it returns `Some`, or by `.await`. On failure the buffer is left
-/// untouched.
+/// once it returns `Some`, or by `.await`. A tensor that failed is left
+/// untouched; the other tensors of a group are written (see
+/// [`crate::Kolo::grouped_allreduce`] for the rule every call follows).
 #[must_use = "an operation's result (and error) is only seen through its handle"]
 pub struct Handle<'a, O> {
     completion: Arc<Completion>,
@@ -461,10 +484,23 @@ pub struct Handle<'a, O> {
 
 impl<'a, O> Handle<'a, O> {
     /// A handle over the submission `completion`; `finish` turns its
-    /// payloads, in order, into the output.
+    /// payloads, in order, into the output. If a part fails, the handle
+    /// fails with its error and `finish` is not called.
     pub(crate) fn new(
         completion: Arc<Completion>,
         finish: impl FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a,
+    ) -> Self {
+        Handle::delivering(completion, move |outcome| match outcome {
+            Ok(payloads) => finish(payloads),
+            Err(failure) => Err(failure.error),
+        })
+    }
+
+    /// A handle over the submission `completion` whose `finish` also sees
+    /// a partial failure (to deliver the parts that were performed).
+    pub(crate) fn delivering(
+        completion: Arc<Completion>,
+        finish: impl FnOnce(Outcome) -> Result<O, Error> + Send + 'a,
     ) -> Self {
         Handle {
             completion,
@@ -507,7 +543,7 @@ impl<'a, O> Handle<'a, O> {
         }
         let outcome = take(&self.completion)?;
         let finish = self.finish.take()?;
-        Some(outcome.and_then(finish))
+        Some(finish(outcome))
     }
 }
 
@@ -634,6 +670,27 @@ mod tests {
             .complete(Err(Error::ShutDown { by_ranks: vec![1] }));
         c.part(0).complete(Ok(Box::new(0u8)));
         assert_eq!(h.wait(), Err(Error::ShutDown { by_ranks: vec![1] }));
+    }
+
+    #[test]
+    fn a_partial_failure_names_the_failed_parts_and_keeps_the_staging() {
+        let c = Completion::new(names(3), false, None, None);
+        c.keep_staging(Box::new(vec![7u8; 3]));
+        let h = Handle::delivering(Arc::clone(&c), |outcome| match outcome {
+            Ok(_) => Ok((Vec::new(), None)),
+            Err(f) => Ok((
+                f.failed,
+                f.staging.and_then(|s| s.downcast::<Vec<u8>>().ok()),
+            )),
+        });
+        c.part(2)
+            .complete(Err(Error::ShutDown { by_ranks: vec![2] }));
+        c.part(0).complete(Ok(Box::new(())));
+        c.part(1)
+            .complete(Err(Error::ShutDown { by_ranks: vec![1] }));
+        let (failed, staging) = h.wait().unwrap();
+        assert_eq!(failed, [1, 2]);
+        assert_eq!(staging.as_deref(), Some(&vec![7u8; 3]));
     }
 
     #[test]

@@ -111,3 +111,30 @@ fn cache_and_fusion_do_not_change_results() {
     }
     assert_passed(&verdicts);
 }
+
+/// Every submission style against every other, in any order, at 2, 3 and
+/// 4 ranks, with fusion, the cache and a timeline each on and off: exact
+/// results everywhere, bit-identical across the settings.
+#[test]
+fn any_order_any_style() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut verdicts = Vec::new();
+    let jobs = kolo_engine_suite::order_jobs(&[2, 3, 4]);
+    // The first job of each rank count is the one the others must match.
+    let mut reference: std::collections::HashMap<usize, (String, Vec<CaseLine>)> =
+        std::collections::HashMap::new();
+    for job in &jobs {
+        let (lines, ended) = run_job(job, dir.path());
+        verdicts.extend(judge(job, &lines, dir.path(), PACKS));
+        verdicts.push(ended);
+        match reference.get(&job.ranks) {
+            Some((name, first)) => {
+                verdicts.push(compare_digests((name, first), (&job.name, &lines)))
+            }
+            None => {
+                reference.insert(job.ranks, (job.name.clone(), lines));
+            }
+        }
+    }
+    assert_passed(&verdicts);
+}

@@ -1,6 +1,6 @@
 //! Jobs: ranks, configuration and the cases they run; and the case lists.
 
-use crate::{equivalence, join, mismatch, ops, shutdown, stall, timeline, Case};
+use crate::{equivalence, join, mismatch, ops, orders, refused, shutdown, stall, timeline, Case};
 use kolo::Config;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +34,10 @@ const MAIN: &[Case] = &[
     ),
     Case::new("local_argument_errors", mismatch::local_argument_errors),
     Case::new("tensor_group_errors", mismatch::tensor_group_errors),
+    Case::new(
+        "refused_tensor_alone_is_untouched",
+        refused::refused_tensor_alone_is_untouched,
+    ),
     Case::new("alltoall_bad_splits", mismatch::alltoall_bad_splits),
     Case::new("join_uneven_batches", join::uneven_batches_then_join),
     Case::new("join_twice", join::join_twice),
@@ -64,6 +68,44 @@ const SHUTDOWN: Case = Case::new(
 /// The gradient-like workload alone (for jobs that vary the configuration
 /// and compare digests with a main job).
 pub const WORKLOAD: &[Case] = &[Case::new("workload", equivalence::workload)];
+
+/// Every submission style against every other, in any order and split
+/// (see [`order_jobs`] for the settings it runs under).
+pub const ORDERS: &[Case] = &[Case::new(
+    "any_order_any_style",
+    orders::any_order_any_style,
+)];
+
+/// [`ORDERS`] at each of `ranks`, under every combination of fusion on
+/// and off, the response cache on and off, and a timeline on and off
+/// (`orders_np{ranks}_{settings}`). Results must be bit-identical across
+/// the settings of one rank count (see [`crate::compare_digests`]).
+pub fn order_jobs(ranks: &[usize]) -> Vec<Job> {
+    type Settings = fn(Config) -> Config;
+    let settings: [(&str, Settings); 4] = [
+        ("defaults", |c| c),
+        ("no_fusion", |c| c.fusion_threshold(0)),
+        ("no_cache", |c| c.cache_capacity(0)),
+        ("neither", |c| c.fusion_threshold(0).cache_capacity(0)),
+    ];
+    let mut jobs = Vec::new();
+    for &np in ranks {
+        for (name, settings) in settings {
+            for timeline in [false, true] {
+                let suffix = if timeline { "_timeline" } else { "" };
+                let mut cases = ORDERS.to_vec();
+                if timeline {
+                    // What the judge then looks for in the timeline.
+                    cases.push(Case::new("timeline_operations", timeline::operations));
+                }
+                let job = Job::new(format!("orders_np{np}_{name}{suffix}"), np, cases)
+                    .with_settings(settings);
+                jobs.push(if timeline { job.with_timeline() } else { job });
+            }
+        }
+    }
+    jobs
+}
 
 /// The stall inspector's cases (see [`Job::stall`]); the second shuts the
 /// engine down, so it comes last.

@@ -54,13 +54,15 @@ mod job;
 mod join;
 mod mismatch;
 mod ops;
+mod orders;
+mod refused;
 mod report;
 mod rng;
 mod shutdown;
 pub mod stall;
 mod timeline;
 
-pub use job::{main_cases, Job, STALL, WORKLOAD};
+pub use job::{main_cases, order_jobs, Job, ORDERS, STALL, WORKLOAD};
 pub use report::{
     compare_digests, digest, judge, panic_text, run_rank, CaseLine, Verdict, CASE_MARKER,
 };

@@ -350,7 +350,8 @@ pub fn tensor_groups(kolo: &Kolo) -> Result<Digest, Error> {
 /// stages the group in one buffer of the engine's): the results land when
 /// the handle is waited on, whatever the shapes (an empty tensor too); a
 /// forgotten handle leaves the caller's buffer as it was; and a group with
-/// a tensor the ranks disagree on fails whole, writing back none of it.
+/// a tensor the ranks disagree on fails naming it, leaving it untouched
+/// and writing back the others.
 /// Then a [`TensorGroup`] the same way (`Kolo::allreduce_group_async`),
 /// step after step, and a submission of too few buffers refused.
 pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
@@ -394,8 +395,13 @@ pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
         );
         assert_eq!(
             fine,
-            vec![1; 3],
-            "a failed group writes none of its tensors back"
+            vec![n; 3],
+            "a group's tensors that were reduced are written back"
+        );
+        assert_eq!(
+            uneven,
+            vec![1; 3 + kolo.rank()],
+            "the refused tensor is untouched"
         );
     }
     let group = TensorGroup::new(["copied/g0", "copied/g1"])?;

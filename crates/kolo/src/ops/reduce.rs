@@ -77,9 +77,17 @@ impl Kolo {
     /// Allreduces several tensors submitted together (blocking): they reach
     /// the coordinator in the same cycle and fuse as far as the fusion
     /// threshold allows. No copy: the engine works on the buffers in place
-    /// (in a [`Kolo::scope`]). A tensor refused by negotiation is left
-    /// untouched; after a failure of the backend mid-collective (a peer
-    /// died) the buffers' contents are unspecified, as with MPI or NCCL.
+    /// (in a [`Kolo::scope`]).
+    ///
+    /// Errors follow one rule for every call that submits several tensors
+    /// (grouped, [`TensorGroup`], scoped or not, blocking or not): a tensor
+    /// that negotiation refuses (the ranks disagree on it) is left as the
+    /// caller passed it, the other tensors of the call are reduced (every
+    /// rank reduced them), and the call fails with the refused tensor's
+    /// error (the first one's, in the call's order, if several were
+    /// refused). After a failure of the backend mid-collective (a peer
+    /// died) the contents of the tensors it was reducing are unspecified,
+    /// as with MPI or NCCL.
     pub fn grouped_allreduce<T: Element>(
         &self,
         tensors: &mut [(&str, &mut [T])],
@@ -194,18 +202,27 @@ impl Kolo {
         let first = group.names.get(0).to_owned();
         let outputs: Vec<&'t mut [T]> = tensors.into_iter().map(|(data, _)| data).collect();
         let completion = self.submit(group)?;
-        Ok(Handle::new(completion, move |mut payloads| {
+        Ok(Handle::delivering(completion, move |outcome| {
+            // A refused tensor stays as the caller passed it; every other
+            // tensor was reduced on every rank and is written back, as the
+            // in-place calls leave it.
+            let (staging, failed, error) = match outcome {
+                Ok(mut payloads) => (payloads.pop(), Vec::new(), None),
+                Err(failure) => (failure.staging, failure.failed, Some(failure.error)),
+            };
             if outputs.is_empty() {
-                return Ok(());
+                return error.map_or(Ok(()), Err);
             }
-            let staging: Vec<T> = output(&first, payloads.pop())?;
+            let staging: Vec<T> = output(&first, staging)?;
             let mut results = staging.as_slice();
-            for dst in outputs {
+            for (index, dst) in outputs.into_iter().enumerate() {
                 let (result, tail) = results.split_at(dst.len().min(results.len()));
-                write_back(&first, dst, result)?;
+                if failed.binary_search(&(index as u32)).is_err() {
+                    write_back(&first, dst, result)?;
+                }
                 results = tail;
             }
-            Ok(())
+            error.map_or(Ok(()), Err)
         }))
     }
 

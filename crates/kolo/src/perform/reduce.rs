@@ -2,6 +2,7 @@
 
 use super::device_of;
 use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
+use crate::batches::Whole;
 use crate::device::PlaneSlot;
 use crate::error::Error;
 use crate::handle::Payload;
@@ -132,29 +133,25 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         self.batches.complete(done);
     }
 
-    /// Allreduces every tensor of the held submission `key` (taken out of
-    /// the hold by the caller) as one collective straight over its lent
-    /// memory; `head` is the first response of the fused group. Inputs
-    /// that are not lent tensors of `T` (a kolo bug: every rank's request
-    /// named this dtype) fail the submission's tensors — after this rank
-    /// still took part in the collective with the op's identity, so that
-    /// no peer waits for it.
-    pub(crate) fn allreduce_whole<T: Element>(&mut self, head: &Response, key: u32) {
+    /// Allreduces every tensor of the claimed submission `whole` (taken
+    /// out of the hold by the caller) as one collective straight over its
+    /// lent memory; `head` is the first response of the fused group.
+    /// Inputs that are not lent tensors of `T` (a kolo bug: every rank's
+    /// request named this dtype) fail the submission's tensors — after
+    /// this rank still took part in the collective with the op's identity,
+    /// so that no peer waits for it.
+    pub(crate) fn allreduce_whole<T: Element>(&mut self, head: &Response, whole: Whole) {
         // Inputs that are not lent `T`s take part with stand-ins of the
         // op's identity: the same segments as every peer's.
         let mut stand_ins: Vec<Vec<T>>;
-        let mut lent = true;
-        let mut views = match self.batches.lent_views::<T>(key) {
-            Some(views) => views,
-            None => {
-                lent = false;
-                stand_ins = self
-                    .batches
-                    .sizes(key)
+        let (mut views, lent) = match self.batches.whole_views::<T>(&whole) {
+            Ok(views) => (views, true),
+            Err(sizes) => {
+                stand_ins = sizes
                     .into_iter()
                     .map(|n| vec![T::identity(head.reduce_op); n])
                     .collect();
-                stand_ins.iter_mut().map(Vec::as_mut_slice).collect()
+                (stand_ins.iter_mut().map(Vec::as_mut_slice).collect(), false)
             }
         };
         let reduced = kolo_fusion::fused_allreduce(
@@ -180,7 +177,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         // The submission counts its tensors in only now, after the
         // collective's last access to their memory.
         self.batches.complete_whole(
-            key,
+            whole,
             result.map_err(|e| move |name: &str| Error::collective(name, e.clone())),
         );
     }

@@ -1,0 +1,330 @@
+//! Every way of submitting a group of allreduces meets every other way,
+//! in any order and any split of the tensors, on the peers: the results
+//! are exact and nothing fails. Each plan runs several steps in a row, so
+//! that the response cache and the table's group memos are cold in the
+//! first step and warm in the next.
+
+use crate::{Digest, Rng};
+use kolo::{Error, Handle, Kolo, ReduceOp, TensorGroup, TensorMut};
+
+/// Tensors per plan.
+const TENSORS: usize = 6;
+
+/// Random plans after the fixed ones.
+const RANDOM_PLANS: u64 = 16;
+
+/// Steps each plan runs (the first cold, the others warm).
+const STEPS: usize = 3;
+
+/// How one submission of some of the tensors is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Style {
+    /// `Kolo::allreduce`, one tensor at a time.
+    Single,
+    /// `Kolo::grouped_allreduce`.
+    Grouped,
+    /// `Kolo::allreduce_group` with a [`TensorGroup`].
+    Group,
+    /// `Scope::allreduce_async` per tensor.
+    ScopedEach,
+    /// `Scope::grouped_allreduce_async`.
+    ScopedGrouped,
+    /// `Scope::allreduce_group_async`.
+    ScopedGroup,
+    /// `Kolo::allreduce_async` per tensor (copying).
+    CopyEach,
+    /// `Kolo::grouped_allreduce_async` (copying).
+    CopyGrouped,
+    /// `Kolo::allreduce_group_async` (copying).
+    CopyGroup,
+}
+
+impl Style {
+    /// The calls that return only once their tensors are reduced.
+    pub(crate) const BLOCKING: [Style; 3] = [Style::Single, Style::Grouped, Style::Group];
+
+    /// The calls that return a handle.
+    pub(crate) const ASYNC: [Style; 6] = [
+        Style::ScopedEach,
+        Style::ScopedGrouped,
+        Style::ScopedGroup,
+        Style::CopyEach,
+        Style::CopyGrouped,
+        Style::CopyGroup,
+    ];
+
+    #[cfg(test)]
+    fn is_blocking(self) -> bool {
+        Style::BLOCKING.contains(&self)
+    }
+}
+
+/// One submission: some tensors (indices, in the order submitted) and how.
+#[derive(Clone, Debug)]
+pub(crate) struct Submission {
+    pub(crate) tensors: Vec<usize>,
+    pub(crate) style: Style,
+}
+
+/// What every rank submits in one plan: `ranks[r]` is rank r's
+/// submissions, in order. Blocking calls are only on ranks whose every
+/// earlier submission is also blocking or whose peers submit everything
+/// before they wait (see [`random_plan`]), so no plan can deadlock.
+#[derive(Clone, Debug)]
+struct Plan {
+    ranks: Vec<Vec<Submission>>,
+}
+
+/// Rank `rank`'s element `i` of tensor `t` at `step` (small integers, so
+/// every sum is exact in f32).
+fn value(step: usize, rank: usize, t: usize, i: usize) -> f32 {
+    ((step * 3 + rank * 5 + t * 7 + i) % 13) as f32
+}
+
+/// The length of tensor `t`.
+fn len(t: usize) -> usize {
+    1 + (t * 29) % 70
+}
+
+/// The plans of the defect this case guards against, for `n` ranks: one
+/// rank submits the whole group in one call while another reduces the
+/// last tensor first (alone, blocking) and then the rest, or goes back to
+/// front one tensor at a time; and the mirror images.
+fn fixed_plans(n: usize) -> Vec<Plan> {
+    let all: Vec<usize> = (0..TENSORS).collect();
+    let whole = |style| {
+        vec![Submission {
+            tensors: all.clone(),
+            style,
+        }]
+    };
+    let last_first = vec![
+        Submission {
+            tensors: vec![TENSORS - 1],
+            style: Style::Single,
+        },
+        Submission {
+            tensors: (0..TENSORS - 1).collect(),
+            style: Style::Grouped,
+        },
+    ];
+    let back_to_front: Vec<Submission> = (0..TENSORS)
+        .rev()
+        .map(|t| Submission {
+            tensors: vec![t],
+            style: Style::Single,
+        })
+        .collect();
+    let mut plans = Vec::new();
+    for group_style in [
+        Style::Grouped,
+        Style::Group,
+        Style::ScopedGrouped,
+        Style::ScopedGroup,
+        Style::CopyGrouped,
+        Style::CopyGroup,
+    ] {
+        for other in [&last_first, &back_to_front] {
+            // Rank 1 (or the last rank) reduces in its own order; the
+            // others submit the whole group; then the roles swap.
+            for odd in [1 % n, 0] {
+                let ranks = (0..n)
+                    .map(|r| {
+                        if r == odd {
+                            other.clone()
+                        } else {
+                            whole(group_style)
+                        }
+                    })
+                    .collect();
+                plans.push(Plan { ranks });
+            }
+        }
+    }
+    plans
+}
+
+/// A random plan for `n` ranks: each rank splits the tensors into
+/// submissions in a random order, each made in a random style. One rank
+/// (at random) may use blocking calls; every other rank submits all its
+/// tensors before it waits for any, so the blocking rank never waits for
+/// a peer that waits for it.
+fn random_plan(rng: &mut Rng, n: usize) -> Plan {
+    let blocking_rank = rng.below(n);
+    let ranks = (0..n)
+        .map(|r| {
+            let mut order: Vec<usize> = (0..TENSORS).collect();
+            rng.shuffle(&mut order);
+            let mut submissions = Vec::new();
+            let mut rest = &order[..];
+            while !rest.is_empty() {
+                let take = 1 + rng.below(rest.len());
+                let (now, later) = rest.split_at(take);
+                rest = later;
+                let style = if r == blocking_rank && rng.below(2) == 0 {
+                    Style::BLOCKING[rng.below(Style::BLOCKING.len())]
+                } else {
+                    Style::ASYNC[rng.below(Style::ASYNC.len())]
+                };
+                submissions.push(Submission {
+                    tensors: now.to_vec(),
+                    style,
+                });
+            }
+            submissions
+        })
+        .collect();
+    Plan { ranks }
+}
+
+/// Every fixed plan and [`RANDOM_PLANS`] random ones (the same on every
+/// rank: the seed is shared), each for [`STEPS`] steps; every result
+/// exact. The digest covers every result, so jobs with other settings
+/// (fusion, cache, timeline) must reach the same bits.
+pub fn any_order_any_style(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let mut plans = fixed_plans(n);
+    let mut rng = Rng::new(0x6f72_6465_7273);
+    plans.extend((0..RANDOM_PLANS).map(|_| random_plan(&mut rng, n)));
+    let names: Vec<String> = (0..TENSORS).map(|t| format!("orders/{t}")).collect();
+    let mut bits = Vec::new();
+    for (p, plan) in plans.iter().enumerate() {
+        let mine = &plan.ranks[r];
+        // A plan's groups are made once and reused step after step, as a
+        // training loop does.
+        let groups = mine
+            .iter()
+            .map(|s| TensorGroup::new(s.tensors.iter().map(|&t| &names[t])))
+            .collect::<Result<Vec<_>, _>>()?;
+        for step in 0..STEPS {
+            let mut bufs: Vec<Vec<f32>> = (0..TENSORS)
+                .map(|t| (0..len(t)).map(|i| value(step, r, t, i)).collect())
+                .collect();
+            submit_plan(kolo, mine, &groups, &names, &mut bufs)?;
+            for (t, buf) in bufs.iter().enumerate() {
+                for (i, &got) in buf.iter().enumerate() {
+                    let want: f32 = (0..n).map(|q| value(step, q, t, i)).sum();
+                    assert_eq!(
+                        got, want,
+                        "plan {p} ({plan:?}), step {step}: tensor {t}, element {i} on rank {r}"
+                    );
+                }
+                bits.extend(buf.iter().map(|v| u64::from(v.to_bits())));
+            }
+        }
+    }
+    Ok(Some(crate::digest(bits)))
+}
+
+/// Submits `submissions` of `bufs` (tensor `t` named `names[t]`; the
+/// [`TensorGroup`] of submission `i` is `groups[i]`) in order: blocking
+/// ones wait in turn; handles are collected and every one is waited for
+/// once everything is submitted. Returns the first error, after every
+/// tensor was submitted and every handle waited for (so that no peer is
+/// left waiting for this rank).
+pub(crate) fn submit_plan(
+    kolo: &Kolo,
+    submissions: &[Submission],
+    groups: &[TensorGroup],
+    names: &[String],
+    bufs: &mut [Vec<f32>],
+) -> Result<(), Error> {
+    let op = ReduceOp::Sum;
+    // Each buffer goes to exactly one submission.
+    let mut slots: Vec<Option<&mut Vec<f32>>> = bufs.iter_mut().map(Some).collect();
+    let mut take = |t: usize| -> &mut [f32] {
+        slots[t]
+            .take()
+            .map(|b| &mut b[..])
+            .unwrap_or_else(|| panic!("tensor {t} submitted twice in one plan"))
+    };
+    let taken: Vec<Vec<&mut [f32]>> = submissions
+        .iter()
+        .map(|s| s.tensors.iter().map(|&t| take(t)).collect())
+        .collect();
+    kolo.scope(|scope| {
+        let mut handles: Vec<Handle<'_, ()>> = Vec::new();
+        let mut first: Option<Error> = None;
+        let mut note = |result: Result<(), Error>| {
+            if let Err(e) = result {
+                first.get_or_insert(e);
+            }
+        };
+        for ((s, group), mut views) in submissions.iter().zip(groups).zip(taken) {
+            let names_of = || s.tensors.iter().map(|&t| names[t].as_str());
+            match s.style {
+                Style::Single => {
+                    for (name, view) in names_of().zip(views) {
+                        note(kolo.allreduce(name, view, op));
+                    }
+                }
+                Style::Grouped => {
+                    let mut pairs: Vec<(&str, &mut [f32])> = names_of().zip(views).collect();
+                    note(kolo.grouped_allreduce(&mut pairs, op));
+                }
+                Style::Group => note(kolo.allreduce_group(group, &mut views, op)),
+                Style::ScopedEach => {
+                    for (name, view) in names_of().zip(views) {
+                        handles.push(scope.allreduce_async(name, view, op)?);
+                    }
+                }
+                Style::ScopedGrouped => {
+                    let named = names_of().zip(views.into_iter().map(TensorMut::from));
+                    handles.push(scope.grouped_allreduce_async(named, op)?);
+                }
+                Style::ScopedGroup => handles.push(scope.allreduce_group_async(group, views, op)?),
+                Style::CopyEach => {
+                    for (name, view) in names_of().zip(views) {
+                        handles.push(kolo.allreduce_async(name, view, op)?);
+                    }
+                }
+                Style::CopyGrouped => {
+                    let named = names_of().zip(views.into_iter().map(TensorMut::from));
+                    handles.push(kolo.grouped_allreduce_async(named, op)?);
+                }
+                Style::CopyGroup => handles.push(kolo.allreduce_group_async(group, views, op)?),
+            }
+        }
+        for handle in handles {
+            note(handle.wait());
+        }
+        first.map_or(Ok(()), Err)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every plan submits each tensor exactly once on every rank, and at
+    /// most one rank of a plan blocks before its last submission (a rank
+    /// that blocks on its only submission waits for nobody who waits for
+    /// it: that submission holds every tensor).
+    #[test]
+    fn plans_cover_every_tensor_once_and_block_on_one_rank_at_most() {
+        for n in 1..=4 {
+            let mut rng = Rng::new(7);
+            let mut plans = fixed_plans(n);
+            plans.extend((0..200).map(|_| random_plan(&mut rng, n)));
+            for plan in &plans {
+                assert_eq!(plan.ranks.len(), n);
+                for submissions in &plan.ranks {
+                    let mut seen: Vec<usize> =
+                        submissions.iter().flat_map(|s| s.tensors.clone()).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, (0..TENSORS).collect::<Vec<_>>(), "{plan:?}");
+                    assert!(submissions.iter().all(|s| !s.tensors.is_empty()));
+                }
+                let blocking = plan
+                    .ranks
+                    .iter()
+                    .filter(|subs| {
+                        let before_last = &subs[..subs.len().saturating_sub(1)];
+                        before_last.iter().any(|s| s.style.is_blocking())
+                    })
+                    .count();
+                assert!(blocking <= 1, "{plan:?}");
+            }
+        }
+    }
+}

@@ -14,6 +14,7 @@ use crate::device::PlaneSlot;
 use crate::engine::Shared;
 use crate::error::Error;
 use crate::handle::Payload;
+use crate::panic_text::panic_text;
 use crate::table::{Entry, Input, Requests, Taken};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use kolo_coordinator::{
@@ -25,6 +26,7 @@ use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::{with_element_type, Backend, Element, TransportError};
 use parking_lot::Mutex;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +79,9 @@ pub(crate) struct Core<B, D> {
     /// When the last cycle started: an idle rank cycles once per cycle
     /// time, whichever thread ran the cycles before.
     last_cycle: Instant,
+    /// Every rank's engine started (see [`crate::engine::agree_start`]),
+    /// agreed before the first cycle, by whichever thread runs it.
+    agreed: bool,
 }
 
 /// A [`Core`] with the background thread's channel: what a caller's
@@ -167,30 +172,8 @@ struct PlanMemo {
     whole: Option<Arc<[TensorId]>>,
 }
 
-/// Closes the tensor table if the background thread unwinds, so that no
-/// handle waits forever on a dead engine (the engine's own tensors fail
-/// when its submissions are dropped, see `crate::batches`).
-struct CloseOnUnwind {
-    shared: Arc<Shared>,
-    rank: usize,
-}
-
-impl Drop for CloseOnUnwind {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            fail_all(
-                &self.shared,
-                Error::RankFailed {
-                    rank: self.rank,
-                    message: "kolo's background thread panicked".into(),
-                },
-            );
-        }
-    }
-}
-
 /// Closes the table with `reason` and fails every submission still queued.
-fn fail_all(shared: &Shared, reason: Error) {
+pub(crate) fn fail_all(shared: &Shared, reason: Error) {
     let queued = shared.table.lock().close(reason.clone());
     for completion in queued {
         completion.fail_open(|_| reason.clone());
@@ -225,6 +208,7 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
             shutdown_requested: false,
             stopped: None,
             last_cycle: Instant::now(),
+            agreed: false,
         }
     }
 
@@ -257,6 +241,10 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
     /// (shut down, or failed); stopping is then up to the caller
     /// ([`Core::stop`]).
     pub(crate) fn step(&mut self) -> Result<(), Error> {
+        if !self.agreed {
+            crate::engine::agree_start(&mut self.engine.backend, None)?;
+            self.agreed = true;
+        }
         self.last_cycle = Instant::now();
         let requests = self.take_queued()?;
         let busy = !requests.is_empty();
@@ -393,15 +381,9 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
 
     /// Serves until shutdown, abort or failure, then stops the engine
     /// (failing whatever is still pending) with the reason.
+    /// (A panic here is caught by the thread's start, in `crate::engine`,
+    /// which fails every handle with its message.)
     pub(crate) fn run(mut self) {
-        let (rank, table) = {
-            let core = self.shared.core.lock();
-            (core.engine.rank, Arc::clone(&core.engine.shared))
-        };
-        let _guard = CloseOnUnwind {
-            shared: table,
-            rank,
-        };
         let reason = self.serve();
         self.shared.core.lock().stop(reason);
     }
@@ -445,8 +427,22 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
             if !(core.has_work() || core.idle_cycle_due(self.cycle_time)) {
                 continue;
             }
-            if let Err(reason) = core.step() {
-                return reason;
+            match catch_unwind(AssertUnwindSafe(|| core.step())) {
+                Ok(Ok(())) => {}
+                Ok(Err(reason)) => return reason,
+                Err(panic) => {
+                    // Every handle learns why, before the thread unwinds.
+                    let rank = core.rank();
+                    core.stop(Error::RankFailed {
+                        rank,
+                        message: format!(
+                            "kolo's background thread panicked: {}",
+                            panic_text(panic.as_ref())
+                        ),
+                    });
+                    drop(core);
+                    resume_unwind(panic);
+                }
             }
         }
     }

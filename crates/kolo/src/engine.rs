@@ -11,6 +11,7 @@ use crate::device::{DevicePlane, NoPlane, PlaneSlot};
 use crate::error::Error;
 use crate::group::Group;
 use crate::handle::Completion;
+use crate::panic_text::panic_text;
 use crate::progress::Progress;
 use crate::stats::Stats;
 use crate::table::{Input, Table};
@@ -19,13 +20,58 @@ use kolo_protocol::Params;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use parking_lot::Mutex;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
-/// What the engine thread reports once its backend is up: rank, size and
-/// the GPU of its device plane.
-type Topology = (usize, usize, Option<usize>);
+/// What the engine thread reports once its backend is up.
+struct Started {
+    rank: usize,
+    size: usize,
+    /// The GPU of its device plane.
+    gpu: Option<usize>,
+}
+
+/// Opens rank 0's timeline as `config` asks (a disabled one elsewhere, or
+/// when the config names none).
+pub(crate) fn open_timeline(config: &Config, rank: usize) -> Result<Timeline, Error> {
+    match (&config.timeline, rank) {
+        (Some(path), 0) => {
+            Timeline::create(path, config.timeline_mark_cycles).map_err(|e| Error::Timeline {
+                path: path.clone(),
+                message: e.to_string(),
+            })
+        }
+        _ => Ok(Timeline::disabled()),
+    }
+}
+
+/// The first exchange of every rank's engine, before any cycle: every
+/// rank learns whether every other started, so that a rank that cannot
+/// start (`failure`: why) fails every rank's engine, named, instead of
+/// leaving its peers to wait for it. `Ok` when all started.
+pub(crate) fn agree_start<B: Backend>(
+    backend: &mut B,
+    failure: Option<&Error>,
+) -> Result<(), Error> {
+    let mine = failure
+        .map(|e| e.to_string().into_bytes())
+        .unwrap_or_default();
+    let every = backend
+        .allgather_bytes(&mine)
+        .map_err(Error::from_transport)?;
+    match every.iter().position(|why| !why.is_empty()) {
+        Some(rank) => Err(Error::RankFailed {
+            rank,
+            message: format!(
+                "it could not start: {}",
+                String::from_utf8_lossy(&every[rank])
+            ),
+        }),
+        None => Ok(()),
+    }
+}
 
 /// State shared by the user's threads and the background thread.
 #[derive(Default)]
@@ -78,6 +124,23 @@ impl Kolo {
         B: Backend + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
+        Kolo::start_sharing(backend, config, abort, None)
+    }
+
+    /// [`Kolo::start_with_abort`] with rank 0's timeline already open
+    /// (`None`: opened from the config), so that a timeline that cannot
+    /// be created fails before any rank starts (see
+    /// [`crate::threads::run`]).
+    pub(crate) fn start_sharing<B, F>(
+        backend: B,
+        config: Config,
+        abort: F,
+        timeline: Option<Timeline>,
+    ) -> Result<Kolo, Error>
+    where
+        B: Backend + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
         // A `Send` backend may run on a waiting caller's thread too (see
         // `crate::progress`).
         Kolo::launch(
@@ -88,6 +151,7 @@ impl Kolo {
                 let progress: Weak<dyn Progress> = Arc::downgrade(engine.shareable()) as _;
                 Some(progress)
             },
+            timeline,
         )
     }
 
@@ -108,25 +172,40 @@ impl Kolo {
             config,
             abort,
             |_| None,
+            None,
         )
     }
 
     /// [`Kolo::start_on_thread`] with an optional device data plane, made
-    /// on the engine's thread with the backend (the GPU engines).
+    /// on the engine's thread with the backend (the GPU engines), and rank
+    /// 0's timeline perhaps already open (see [`Kolo::start_sharing`]).
     #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
-    pub(crate) fn start_engine<B, M, F>(make: M, config: Config, abort: F) -> Result<Kolo, Error>
+    pub(crate) fn start_engine<B, M, F>(
+        make: M,
+        config: Config,
+        abort: F,
+        timeline: Option<Timeline>,
+    ) -> Result<Kolo, Error>
     where
         B: Backend + 'static,
         M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        Kolo::launch(make, config, abort, |_| None)
+        Kolo::launch(make, config, abort, |_| None, timeline)
     }
 
     /// Spawns the background thread, which makes the backend and device
-    /// plane with `make` and serves them; `share` says how a waiting
-    /// caller may run the engine's cycles, if it may.
-    fn launch<B, D, M, F, S>(make: M, config: Config, abort: F, share: S) -> Result<Kolo, Error>
+    /// plane with `make`, opens rank 0's timeline (unless `timeline` is
+    /// given), agrees with every rank that all of them started, and serves
+    /// them; `share` says how a waiting caller may run the engine's
+    /// cycles, if it may.
+    fn launch<B, D, M, F, S>(
+        make: M,
+        config: Config,
+        abort: F,
+        share: S,
+        timeline: Option<Timeline>,
+    ) -> Result<Kolo, Error>
     where
         B: Backend + 'static,
         D: PlaneSlot + 'static,
@@ -136,65 +215,102 @@ impl Kolo {
     {
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = crossbeam_channel::unbounded();
-        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Topology, Error>>(1);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Started, Error>>(1);
         let engine_config = config.clone();
         let engine_shared = Arc::clone(&shared);
         let wake = commands.clone();
         let thread = std::thread::Builder::new()
             .name("kolo-engine".into())
             .spawn(move || {
-                let (backend, plane) = match make() {
-                    Ok(made) => made,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
+                // A panic while starting is reported with its message
+                // (the caller would otherwise only see the thread end).
+                let built = catch_unwind(AssertUnwindSafe(|| {
+                    let (mut backend, plane) = make().map_err(Some)?;
+                    let timeline = match timeline {
+                        Some(timeline) => Ok(timeline),
+                        None => open_timeline(&engine_config, backend.rank()),
+                    };
+                    let timeline = match timeline {
+                        Ok(timeline) => timeline,
+                        Err(e) => {
+                            // The caller learns first; then the peers,
+                            // whose first cycle waits for this exchange.
+                            let _ = ready_tx.send(Err(e.clone()));
+                            let _ = agree_start(&mut backend, Some(&e));
+                            return Err(None);
+                        }
+                    };
+                    let (rank, size) = (backend.rank(), backend.size());
+                    let started = Started {
+                        rank,
+                        size,
+                        gpu: plane.ordinal(),
+                    };
+                    let core = Core::new(
+                        backend,
+                        &engine_config,
+                        timeline,
+                        Arc::clone(&engine_shared),
+                        plane,
+                    );
+                    let engine = Background::new(core, &engine_config, receiver, wake, abort);
+                    if let Some(progress) = share(&engine) {
+                        engine_shared.table.lock().set_progress(progress);
+                    }
+                    Ok((engine, started))
+                }));
+                let (engine, started) = match built {
+                    Ok(Ok(built)) => built,
+                    Ok(Err(told)) => {
+                        if let Some(e) = told {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                        return;
+                    }
+                    Err(panic) => {
+                        let _ = ready_tx.send(Err(Error::Start {
+                            message: format!(
+                                "the engine's background thread panicked while starting: {}",
+                                panic_text(panic.as_ref())
+                            ),
+                        }));
                         return;
                     }
                 };
-                let (rank, size) = (backend.rank(), backend.size());
-                let gpu = plane.ordinal();
-                let timeline = match (&engine_config.timeline, rank) {
-                    (Some(path), 0) => {
-                        match Timeline::create(path, engine_config.timeline_mark_cycles) {
-                            Ok(timeline) => timeline,
-                            Err(e) => {
-                                let _ = ready_tx.send(Err(Error::Timeline {
-                                    path: path.clone(),
-                                    message: e.to_string(),
-                                }));
-                                return;
-                            }
-                        }
-                    }
-                    _ => Timeline::disabled(),
-                };
-                let core = Core::new(
-                    backend,
-                    &engine_config,
-                    timeline,
-                    Arc::clone(&engine_shared),
-                    plane,
-                );
-                let engine = Background::new(core, &engine_config, receiver, wake, abort);
-                if let Some(progress) = share(&engine) {
-                    engine_shared.table.lock().set_progress(progress);
+                let rank = started.rank;
+                let _ = ready_tx.send(Ok(started));
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| engine.run())) {
+                    crate::background::fail_all(
+                        &engine_shared,
+                        Error::RankFailed {
+                            rank,
+                            message: format!(
+                                "kolo's background thread panicked: {}",
+                                panic_text(panic.as_ref())
+                            ),
+                        },
+                    );
+                    resume_unwind(panic);
                 }
-                let _ = ready_tx.send(Ok((rank, size, gpu)));
-                engine.run()
             })
             .map_err(|e| Error::Start {
                 message: format!("cannot spawn the engine's background thread: {e}"),
             })?;
-        let (rank, size, gpu) = match ready_rx.recv() {
-            Ok(Ok(topology)) => topology,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
+        let Started { rank, size, gpu } = match ready_rx.recv() {
+            Ok(Ok(started)) => started,
+            // The thread ends on its own once it told the peers (see
+            // `agree_start`): a caller that starts its ranks one after the
+            // other must not wait for that.
+            Ok(Err(e)) => return Err(e),
             Err(_) => {
-                let _ = thread.join();
+                let why = match thread.join() {
+                    Err(panic) => format!("it panicked: {}", panic_text(panic.as_ref())),
+                    Ok(()) => "it ended without a word".into(),
+                };
                 return Err(Error::Start {
-                    message: "the engine's background thread ended before starting its backend"
-                        .into(),
+                    message: format!(
+                        "the engine's background thread ended before starting its backend: {why}"
+                    ),
                 });
             }
         };
@@ -271,9 +387,12 @@ impl Kolo {
         let Some(thread) = self.thread.lock().take() else {
             return Ok(());
         };
-        thread.join().map_err(|_| Error::RankFailed {
+        thread.join().map_err(|panic| Error::RankFailed {
             rank: self.rank,
-            message: "kolo's background thread panicked".into(),
+            message: format!(
+                "kolo's background thread panicked: {}",
+                panic_text(panic.as_ref())
+            ),
         })
     }
 

@@ -49,6 +49,7 @@ mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod ops;
+mod panic_text;
 mod perform;
 mod progress;
 mod scope;

@@ -22,6 +22,7 @@
 use crate::background::{Command, Shareable};
 use crate::device::NoPlane;
 use crate::error::Error;
+use crate::panic_text::panic_text;
 use kolo_transport::Backend;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::Instant;
@@ -53,7 +54,10 @@ impl<B: Backend + Send + 'static> Progress for Shareable<B, NoPlane> {
                     let rank = core.rank();
                     core.stop(Error::RankFailed {
                         rank,
-                        message: "kolo's engine panicked on a caller's thread".into(),
+                        message: format!(
+                            "kolo's engine panicked on a caller's thread: {}",
+                            panic_text(panic.as_ref())
+                        ),
                     });
                     drop(core);
                     resume_unwind(panic);

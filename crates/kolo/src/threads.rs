@@ -2,9 +2,11 @@
 //! memory backend: the embedded way to use kolo, and how its tests run.
 
 use crate::config::Config;
-use crate::engine::Kolo;
+use crate::engine::{open_timeline, Kolo};
 use crate::error::Error;
+use crate::panic_text::panic_text;
 use kolo_threads::ThreadComm;
+use kolo_timeline::Timeline;
 use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,12 +39,18 @@ where
     run_ranks(ranks, &config, start_on_threads, f)
 }
 
-/// Starts one rank's engine on kolo-threads' backend.
-fn start_on_threads(comm: ThreadComm, config: &Config) -> Result<Kolo, Error> {
-    Kolo::start_with_abort(
+/// Starts one rank's engine on kolo-threads' backend (with rank 0's
+/// timeline, opened before any rank started).
+fn start_on_threads(
+    comm: ThreadComm,
+    config: &Config,
+    timeline: Option<Timeline>,
+) -> Result<Kolo, Error> {
+    Kolo::start_sharing(
         comm,
         config.clone(),
         |comm: &mut ThreadComm, message: &str| comm.fail(message),
+        timeline,
     )
 }
 
@@ -57,14 +65,17 @@ pub(crate) fn run_ranks<R, F, S>(
 where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
-    S: Fn(ThreadComm, &Config) -> Result<Kolo, Error> + Sync,
+    S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
 {
+    // A timeline that cannot be created fails the run before any rank
+    // starts; rank 0's engine gets it open.
+    let timeline = Mutex::new(Some(open_timeline(config, 0)?));
     let comms = kolo_threads::communicators(ranks).map_err(|e| Error::Start {
         message: format!("cannot create {ranks} thread ranks: {e}"),
     })?;
     // Failures stamped with the order in which the ranks' closures failed
     // (taken before the rank aborts, so a cause precedes its echoes).
-    let failures: Mutex<Vec<(u64, Error)>> = Mutex::new(Vec::new());
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
     let clock = AtomicU64::new(0);
     let results: Vec<Option<R>> = std::thread::scope(|scope| {
         let threads: Vec<_> = comms
@@ -72,13 +83,19 @@ where
             .enumerate()
             .map(|(rank, comm)| {
                 let (f, start, failures, clock) = (&f, &start, &failures, &clock);
+                let timeline = &timeline;
                 std::thread::Builder::new()
                     .name(format!("kolo-user-{rank}"))
                     .spawn_scoped(scope, move || {
-                        match run_rank(rank, start(comm, config), f, clock) {
+                        let timeline = if rank == 0 {
+                            timeline.lock().take()
+                        } else {
+                            None
+                        };
+                        match run_rank(rank, start(comm, config, timeline), f, clock) {
                             Ok(result) => Some(result),
-                            Err(failure) => {
-                                failures.lock().push(failure);
+                            Err((order, error)) => {
+                                failures.lock().push(Failure { order, rank, error });
                                 None
                             }
                         }
@@ -89,31 +106,33 @@ where
         threads
             .into_iter()
             .map(|thread| match thread {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Ok(handle) => handle.join().unwrap_or_else(|panic| {
                     // `run_rank` catches the closure's panics; this is kolo's own.
-                    failures
-                        .lock()
-                        .push((u64::MAX, panicked("a rank's thread panicked")));
+                    failures.lock().push(Failure {
+                        order: u64::MAX,
+                        rank: usize::MAX,
+                        error: panicked(&format!(
+                            "a rank's thread panicked: {}",
+                            panic_text(panic.as_ref())
+                        )),
+                    });
                     None
                 }),
                 Err((rank, e)) => {
-                    failures.lock().push((
-                        clock.fetch_add(1, Ordering::SeqCst),
-                        Error::Start {
+                    failures.lock().push(Failure {
+                        order: clock.fetch_add(1, Ordering::SeqCst),
+                        rank,
+                        error: Error::Start {
                             message: format!("cannot spawn the thread of rank {rank}: {e}"),
                         },
-                    ));
+                    });
                     None
                 }
             })
             .collect()
     });
-    if let Some((_, first)) = failures
-        .into_inner()
-        .into_iter()
-        .min_by_key(|(order, _)| *order)
-    {
-        return Err(first);
+    if let Some(cause) = first_cause(failures.into_inner()) {
+        return Err(cause);
     }
     results
         .into_iter()
@@ -140,7 +159,7 @@ fn run_rank<R>(
         }
         Err(payload) => {
             let order = stamp();
-            let message = format!("rank {rank} panicked: {}", panic_message(payload.as_ref()));
+            let message = format!("rank {rank} panicked: {}", panic_text(payload.as_ref()));
             kolo.abort(&message);
             Err((order, Error::RankFailed { rank, message }))
         }
@@ -149,17 +168,68 @@ fn run_rank<R>(
     outcome
 }
 
-/// The text of a panic's payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(a non-string panic payload)")
+/// One rank's failure: when (a stamp of the shared clock), which rank
+/// recorded it, and the error.
+#[derive(Debug)]
+struct Failure {
+    order: u64,
+    rank: usize,
+    error: Error,
+}
+
+/// The cause among the ranks' failures: the first in time that is not an
+/// echo. A rank's report that another rank failed (`RankFailed` naming a
+/// rank that recorded a failure of its own) is an echo of that rank's
+/// failure, whichever came first in time: the failed rank may record its
+/// own failure only after its peers saw it leave. With only echoes, the
+/// first in time.
+fn first_cause(mut failures: Vec<Failure>) -> Option<Error> {
+    failures.sort_by_key(|f| f.order);
+    let failed: Vec<usize> = failures.iter().map(|f| f.rank).collect();
+    let echo = |f: &Failure| matches!(&f.error, Error::RankFailed { rank, .. } if *rank != f.rank && failed.contains(rank));
+    let at = failures.iter().position(|f| !echo(f)).unwrap_or(0);
+    (at < failures.len()).then(|| failures.swap_remove(at).error)
 }
 
 fn panicked(message: &str) -> Error {
     Error::Start {
         message: message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(order: u64, rank: usize, error: Error) -> Failure {
+        Failure { order, rank, error }
+    }
+
+    fn left(rank: usize) -> Error {
+        Error::RankFailed {
+            rank,
+            message: format!("rank {rank} left the communicator"),
+        }
+    }
+
+    #[test]
+    fn the_cause_wins_over_its_echoes_whenever_it_came() {
+        let cause = Error::Start {
+            message: "the cause".into(),
+        };
+        // Rank 1 saw rank 0 leave before rank 0 recorded why.
+        let got = first_cause(vec![failure(0, 1, left(0)), failure(1, 0, cause.clone())]);
+        assert_eq!(got, Some(cause.clone()));
+        // An echo of a rank that recorded nothing is all there is.
+        assert_eq!(first_cause(vec![failure(3, 1, left(2))]), Some(left(2)));
+        // Two causes: the first in time.
+        let other = Error::Start {
+            message: "later".into(),
+        };
+        let got = first_cause(vec![failure(9, 2, other), failure(4, 0, cause.clone())]);
+        assert_eq!(got, Some(cause));
+        // A rank's own failure naming itself is a cause, not an echo.
+        assert_eq!(first_cause(vec![failure(1, 2, left(2))]), Some(left(2)));
+        assert_eq!(first_cause(Vec::new()), None);
     }
 }

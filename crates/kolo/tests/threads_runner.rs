@@ -105,13 +105,65 @@ fn kolo_outside_threads_run_shuts_down_on_drop() {
     drop(engines);
 }
 
+/// A timeline that cannot be created fails `run` before any rank starts:
+/// the cause, `Error::Timeline`, every time — never a peer's echo of rank
+/// 0 leaving, however busy the ranks are.
 #[test]
-fn a_timeline_that_cannot_be_created_is_an_error() {
+fn a_timeline_that_cannot_be_created_is_the_error_every_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("missing-dir").join("t.json");
-    let err = kolo::threads::run(2, config().timeline(&path), |_| Ok(())).unwrap_err();
+    for attempt in 0..60 {
+        let err = kolo::threads::run(3, config().timeline(&path), |kolo| {
+            let mut x = vec![1.0f32; 4096];
+            for step in 0..20 {
+                kolo.allreduce(&format!("busy/{step}"), &mut x, ReduceOp::Sum)?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Timeline { path: p, .. } if p == &path),
+            "attempt {attempt}: {err:?}"
+        );
+    }
+}
+
+/// Engines started one after the other on one thread: rank 0 cannot open
+/// its timeline and says so; its peer starts, and its first operation
+/// fails naming rank 0 and why (every rank's first cycle agrees that all
+/// started), instead of waiting for it.
+#[test]
+fn a_rank_that_cannot_start_fails_its_peers_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing-dir").join("t.json");
+    let mut comms = kolo_threads::communicators(2).unwrap().into_iter();
+    let (zero, one) = (comms.next().unwrap(), comms.next().unwrap());
+    let err = kolo::Kolo::start(zero, config().timeline(&path)).unwrap_err();
+    assert!(matches!(&err, Error::Timeline { .. }), "{err:?}");
+    let peer = kolo::Kolo::start(one, config().timeline(&path)).unwrap();
+    let mut x = [1i32; 4];
+    let err = expect_err(
+        peer.allreduce("x", &mut x, ReduceOp::Sum),
+        "a peer that never started",
+    );
     assert!(
-        matches!(&err, Error::Timeline { path: p, .. } if p == &path),
+        matches!(&err, Error::RankFailed { rank: 0, message } if message.contains("could not start") && message.contains("missing-dir")),
+        "{err:?}"
+    );
+}
+
+/// A backend whose construction panics on the engine's thread: the start
+/// fails with the panic's message.
+#[test]
+fn a_panic_while_starting_is_reported_with_its_message() {
+    let err = kolo::Kolo::start_on_thread(
+        || -> Result<kolo_threads::ThreadComm, Error> { panic!("no such device: 7") },
+        config(),
+        |_: &mut kolo_threads::ThreadComm, _: &str| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Start { message } if message.contains("no such device: 7")),
         "{err:?}"
     );
 }

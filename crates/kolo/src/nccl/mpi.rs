@@ -28,6 +28,7 @@ impl Kolo {
             },
             config,
             |comm: &mut MpiComm, message: &str| comm.abort(1, message),
+            None,
         )
     }
 }

@@ -38,7 +38,7 @@ where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
 {
-    let start = |comm: ThreadComm, config: &Config| {
+    let start = |comm: ThreadComm, config: &Config, timeline| {
         let mut options = options.clone();
         let rank = comm.rank();
         options.device = options.device.or(Some(rank));
@@ -47,6 +47,7 @@ where
             move || with_nccl(comm, options),
             config.clone(),
             |comm: &mut ThreadComm, message: &str| comm.fail(message),
+            timeline,
         )
     };
     run_ranks(gpus, &config, start, f)

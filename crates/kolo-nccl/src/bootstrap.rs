@@ -2,9 +2,8 @@
 //! status messages every rank agrees on, NCCL's unique id on the wire, and
 //! the layout checks.
 
-use crate::comm::{CopyEngine, Mode};
 use crate::error::NcclError;
-use crate::sys;
+use crate::options::{CopyEngine, Mode};
 use kolo_transport::Controller;
 
 /// All ranks learn whether `local` failed anywhere: the first failing rank
@@ -46,37 +45,20 @@ pub(crate) fn first_failure(statuses: &[Vec<u8>]) -> Option<(usize, String)> {
         })
 }
 
-pub(crate) fn id_bytes(id: &sys::UniqueId) -> Vec<u8> {
-    id.internal.iter().map(|&c| c as u8).collect()
-}
-
-/// Rank 0's broadcast: its unique id, or why it could not make one.
-pub(crate) fn decode_unique_id(msg: &[u8]) -> Result<sys::UniqueId, NcclError> {
-    let failed = |message: String| NcclError::Bootstrap { rank: 0, message };
-    let bytes = match msg.split_first() {
-        Some((1, bytes)) => bytes,
-        Some((_, why)) => {
-            return Err(failed(format!(
-                "ncclGetUniqueId: {}",
-                String::from_utf8_lossy(why)
-            )))
-        }
-        None => return Err(failed("rank 0 sent no unique id".into())),
-    };
-    if bytes.len() != sys::UNIQUE_ID_BYTES {
-        return Err(failed(format!(
-            "the unique id has {} bytes, not {}",
-            bytes.len(),
-            sys::UNIQUE_ID_BYTES
-        )));
+/// Rank 0's broadcast: its unique id's bytes (checked by
+/// `RawComm::init`), or why it could not make one.
+pub(crate) fn decode_unique_id(msg: &[u8]) -> Result<Vec<u8>, NcclError> {
+    match msg.split_first() {
+        Some((1, bytes)) => Ok(bytes.to_vec()),
+        Some((_, why)) => Err(NcclError::Bootstrap {
+            rank: 0,
+            message: format!("ncclGetUniqueId: {}", String::from_utf8_lossy(why)),
+        }),
+        None => Err(NcclError::Bootstrap {
+            rank: 0,
+            message: "rank 0 sent no unique id".into(),
+        }),
     }
-    let mut id = sys::UniqueId {
-        internal: [0; sys::UNIQUE_ID_BYTES],
-    };
-    for (dst, &b) in id.internal.iter_mut().zip(bytes) {
-        *dst = b as std::ffi::c_char;
-    }
-    Ok(id)
 }
 
 /// The wire form of a requested mode (`None`: detect).
@@ -192,14 +174,9 @@ mod tests {
 
     #[test]
     fn unique_ids_cross_the_control_plane_intact() {
-        let mut id = sys::UniqueId {
-            internal: [0; sys::UNIQUE_ID_BYTES],
-        };
-        for (i, c) in id.internal.iter_mut().enumerate() {
-            *c = (i as u8).wrapping_mul(37) as std::ffi::c_char;
-        }
-        let back = decode_unique_id(&encode_status(Ok(id_bytes(&id)))).unwrap();
-        assert_eq!(back.internal, id.internal);
+        let id: Vec<u8> = (0..128).map(|i: u8| i.wrapping_mul(37)).collect();
+        let back = decode_unique_id(&encode_status(Ok(id.clone()))).unwrap();
+        assert_eq!(back, id);
         let e = decode_unique_id(&encode_status(Err(NcclError::LibraryMissing {
             library: "libnccl",
             hint: "x".into(),
@@ -210,7 +187,7 @@ mod tests {
                 .contains("ncclGetUniqueId: libnccl is not available"),
             "{e}"
         );
-        assert!(decode_unique_id(&[1, 2, 3]).is_err());
+        assert!(decode_unique_id(&[]).is_err());
     }
 
     #[test]

@@ -99,16 +99,19 @@ pub enum NcclError {
 }
 
 impl NcclError {
-    /// A CUDA driver error of `call`.
-    pub(crate) fn cuda(call: &'static str, error: DriverError) -> NcclError {
+    /// A CUDA driver error of `call` (cudarc's [`DriverError`]), with the
+    /// driver's name and text of it: for callers that mix their own cudarc
+    /// calls (copies, allocations) with kolo-nccl's.
+    pub fn cuda(call: &'static str, error: DriverError) -> NcclError {
         NcclError::Cuda {
             call,
             message: driver_message(error),
         }
     }
 
-    /// Maps a driver result of `call` into this error type.
-    pub(crate) fn on_cuda(call: &'static str) -> impl FnOnce(DriverError) -> NcclError {
+    /// [`NcclError::cuda`] for `map_err`:
+    /// `stream.clone_htod(&host).map_err(NcclError::on_cuda("cuMemcpyHtoDAsync"))`.
+    pub fn on_cuda(call: &'static str) -> impl FnOnce(DriverError) -> NcclError {
         move |e| NcclError::cuda(call, e)
     }
 }

@@ -1,58 +1,6 @@
 //! kolo-nccl: kolo's NCCL backend — collectives, point-to-point and
-//! transactions on CUDA memory, one [`NcclComm`] per GPU, run either as one
-//! process per GPU (bootstrapped over MPI or any kolo
-//! [`Controller`](kolo_transport::Controller)) or as one thread per GPU in
-//! one process (bootstrapped over kolo-threads, see [`threads::run`]),
-//! where all-gathers and transaction sends / receives may run on the copy
-//! engines ([`CopyEngine::On`]).
-//!
-//! CUDA comes from cudarc's driver API and NCCL from `libnccl.so.2`, both
-//! loaded at run time: the crate builds and links without CUDA, and a
-//! missing driver, library or symbol is an [`NcclError`] (probed first, see
-//! [`probe`]), never a panic. Each communicator owns a non-blocking stream
-//! at its device's highest priority; every operation waits on the GPU for
-//! its buffers' last writes (cudarc's per-buffer events; none for
-//! [`Untracked`] buffers, which the caller orders itself, e.g. many at once
-//! with one ready event) and for any ready event or stream given
-//! ([`NcclComm::wait_event`], [`NcclComm::begin_after_event`]), and
-//! returns a [`Work`] completed by the device's single completion thread
-//! (which spins briefly before it sleeps, so back-to-back operations do
-//! not pay for waking it), which also polls NCCL's
-//! asynchronous errors and fails pending work when a peer dies or an
-//! operation outlives [`NcclOptions::op_timeout`]. Dropping a communicator
-//! finalizes it when healthy and aborts it otherwise, within
-//! [`NcclOptions::teardown_timeout`]; in thread mode the ranks finalize
-//! together and none returns before all are done. The mode is detected
-//! (one process alone is process mode) or given ([`NcclOptions::mode`]).
-//!
-//! [`HostStaging`] serves kolo's host data plane
-//! ([`Collectives`](kolo_transport::Collectives)) through NCCL so the one
-//! conformance suite runs on it; [`mod@bench`] times operations on device
-//! buffers.
-//!
-//! # Reductions on the device
-//!
-//! Sum, min, max and product are native for f32, f64, f16, bf16, i32, i64,
-//! u8, i8 (bool as u8: OR / AND). Float averages use `ncclAvg`; float pre-
-//! and post-scales of sums and averages fold into one
-//! `ncclRedOpCreatePreMulSum` factor. Everything else that scales —
-//! integer averages and scales, scaled min / max / product, any scale on
-//! one rank — runs kolo-nccl's own scale kernel before and / or after the
-//! NCCL call, with kolo's element semantics. The kernel is PTX written by
-//! hand ([`scale_ptx`]), JIT-compiled by the driver on first use: no nvrtc
-//! or nvcc. Only u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL
-//! has no such type); [`HostStaging`] covers them. See [`reduce_plan`].
-//!
-//! The [`DeviceFusionBuffer`] packs and unpacks many tensors with one
-//! launch of a second hand-written kernel, a batched copy over a table of
-//! (source, destination, bytes) rows uploaded in one copy ([`copy_ptx`]).
-//!
-//! # CUDA version
-//!
-//! cudarc is built with `cuda-12080`: the 12.8 driver API, which drivers of
-//! CUDA 12.8 and every later version (13.x included) serve. Every driver
-//! symbol used is listed in [`probe::DRIVER_SYMBOLS`] and checked before
-//! first use.
+//! transactions on CUDA memory, one [`NcclComm`] per GPU, in one process
+//! per GPU or one thread per GPU.
 //!
 //! # Example
 //!
@@ -80,69 +28,128 @@
 //! # Ok::<(), NcclError>(())
 //! ```
 //!
-//! On a machine with two GPUs, one thread per GPU:
+//! On a machine with two GPUs, one thread per GPU, each rank's control
+//! plane a kolo-threads communicator:
 //!
 //! ```no_run
 //! use kolo_nccl::{NcclError, NcclOptions};
 //! use kolo_protocol::ReduceOp;
 //! use kolo_transport::{Scale, Topology};
 //!
-//! let sums = kolo_nccl::threads::run(2, NcclOptions::default(), |comm, _ctrl| {
+//! let ctrls = kolo_threads::communicators(2).expect("two ranks");
+//! let sums = kolo_nccl::threads::run(ctrls, NcclOptions::default(), |comm, _ctrl| {
 //!     let stream = comm.stream().clone();
-//!     let cuda = |e| NcclError::Cuda { call: "copy", message: format!("{e:?}") };
-//!     let mut grad = stream.clone_htod(&[comm.rank() as f32 + 1.0; 4]).map_err(cuda)?;
+//!     let host = [comm.rank() as f32 + 1.0; 4];
+//!     let mut grad = stream.clone_htod(&host).map_err(NcclError::on_cuda("cuMemcpyHtoDAsync"))?;
 //!     comm.all_reduce(&mut grad, ReduceOp::Sum, Scale::NONE)?.wait()?;
-//!     stream.clone_dtoh(&grad).map_err(cuda)
+//!     stream.clone_dtoh(&grad).map_err(NcclError::on_cuda("cuMemcpyDtoHAsync"))
 //! })
 //! .expect("two GPUs");
 //! assert_eq!(sums, vec![vec![3.0f32; 4]; 2]);
 //! ```
+//!
+//! # How it works
+//!
+//! A communicator is bootstrapped over any kolo
+//! [`Controller`](kolo_transport::Controller) (MPI's under `mpirun`,
+//! kolo-threads' for the threads of one process, see [`threads::run`]),
+//! which carries NCCL's unique id. In thread mode all-gathers and
+//! transaction sends / receives may run on the copy engines
+//! ([`CopyEngine::On`]). The mode is detected (one process alone is
+//! process mode) or given ([`NcclOptions::mode`]).
+//!
+//! CUDA comes from cudarc's driver API and NCCL from `libnccl.so.2` (or the
+//! path in `KOLO_NCCL_LIBRARY`), both loaded at run time: the crate builds
+//! and links without CUDA, and a missing driver, library or symbol is an
+//! [`NcclError`] (probed first, see [`probe`]), never a panic. Each
+//! communicator owns a non-blocking stream at its device's highest
+//! priority; every operation waits on the GPU for its buffers' last writes
+//! (cudarc's per-buffer events; none for [`Untracked`] buffers, which the
+//! caller orders itself, e.g. many at once with one ready event) and for
+//! any ready event or stream given ([`NcclComm::wait_event`],
+//! [`NcclComm::begin_after_event`]), and returns a [`Work`] completed by
+//! the device's single completion thread (which spins briefly before it
+//! sleeps, so back-to-back operations do not pay for waking it). That
+//! thread also polls NCCL's asynchronous errors and fails pending work
+//! when a peer dies or an operation outlives [`NcclOptions::op_timeout`].
+//! Dropping a communicator finalizes it when healthy and aborts it
+//! otherwise, within [`NcclOptions::teardown_timeout`]; in thread mode the
+//! ranks finalize together and none returns before all are done.
+//!
+//! [`HostStaging`] serves kolo's host data plane
+//! ([`Collectives`](kolo_transport::Collectives)) through NCCL so the one
+//! conformance suite runs on it.
+//!
+//! # Reductions on the device
+//!
+//! Sum, min, max and product are native for f32, f64, f16, bf16, i32, i64,
+//! u8, i8 (bool as u8: OR / AND). Float averages use `ncclAvg`; float pre-
+//! and post-scales of sums and averages fold into one
+//! `ncclRedOpCreatePreMulSum` factor. Everything else that scales —
+//! integer averages and scales, scaled min / max / product, any scale on
+//! one rank — runs kolo-nccl's own scale kernel before and / or after the
+//! NCCL call, with kolo's element semantics. The kernel is PTX written by
+//! hand, JIT-compiled by the driver on first use: no nvrtc or nvcc. Only
+//! u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL has no such
+//! type); [`HostStaging`] covers them. See [`reduce_plan`].
+//!
+//! The [`DeviceFusionBuffer`] packs and unpacks many tensors with one
+//! launch of a second hand-written kernel, a batched copy over a table of
+//! (source, destination, bytes) rows read from mapped pinned memory.
+//!
+//! # CUDA version
+//!
+//! cudarc is built with `cuda-12080`: the 12.8 driver API, which drivers of
+//! CUDA 12.8 and every later version (13.x included) serve. Every driver
+//! symbol used is listed in [`probe::DRIVER_SYMBOLS`] and checked before
+//! first use.
+//!
+//! # Features
+//!
+//! None: everything is always built, and nothing links CUDA or NCCL at
+//! build time.
+//!
+//! # Layout
+//!
+//! As cudarc: `sys` (NCCL's types and function table), `result` (one
+//! function per C call, status codes become [`NcclError`]), `safe` (owning
+//! types; the communicator handle never leaves it) and `kernels` (the PTX
+//! kernels and their loader), with the pure planning beside them
+//! ([`reduce_plan`], offsets and exchanges, the bootstrap's messages),
+//! tested without a GPU. The GPU checks are the `gpu_threads` and
+//! `gpu_mpi` test binaries, the timings the `nccl_bench` benchmark.
 
-mod batched_copy;
-pub mod bench;
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod board;
 mod bootstrap;
-mod comm;
-mod completion;
-mod copy_engine;
 mod copy_plan;
-pub mod copy_ptx;
-mod device;
-mod driver_ext;
-pub mod error;
-pub mod event_pool;
-mod fusion;
-mod ops;
+mod error;
+mod kernels;
+mod options;
 mod outbox;
-mod p2p;
-pub mod plan;
+mod plan;
 pub mod probe;
-#[cfg(test)]
-mod ptx_interp;
-mod ptx_module;
-mod raw_comm;
-mod reduce_ops;
 pub mod reduce_plan;
-pub mod result;
-mod scale;
-pub mod scale_ptx;
-mod staging;
-mod staging_tx;
-pub mod sys;
+mod result;
+mod safe;
+mod sys;
 pub mod threads;
-mod transaction;
-mod tx_execute;
-mod untracked;
-pub mod widen;
-mod work;
+mod widen;
 
-pub use comm::{CopyEngine, Mode, NcclComm, NcclOptions};
-pub use device::Device;
 pub use error::{NcclError, Result};
-pub use fusion::DeviceFusionBuffer;
-pub use ops::DeviceElement;
-pub use raw_comm::Teardown;
-pub use staging::{HostStaging, DEFAULT_CHUNK_BYTES};
-pub use transaction::DeviceTransaction;
-pub use untracked::Untracked;
-pub use work::Work;
+pub use options::{CopyEngine, Mode, NcclOptions};
+pub use plan::destructive_slot;
+pub use safe::comm::NcclComm;
+pub use safe::device::Device;
+pub use safe::event_pool::PoolStats;
+pub use safe::fusion::DeviceFusionBuffer;
+pub use safe::ops::DeviceElement;
+pub use safe::staging::{HostStaging, DEFAULT_CHUNK_BYTES};
+pub use safe::teardown::Teardown;
+pub use safe::transaction::DeviceTransaction;
+pub use safe::untracked::Untracked;
+pub use safe::work::Work;
+
+#[doc(hidden)]
+pub use safe::baseline::Bare;

@@ -5,10 +5,10 @@
 //! for the library with cudarc's own non-panicking probe, then resolves
 //! every driver symbol kolo-nccl (and the cudarc calls it makes) uses, and
 //! only then initialises the driver. [`nccl`] does the same for libnccl
-//! through [`crate::sys`].
+//! (loaded by kolo-nccl itself, under the names its front page lists).
 
 use crate::error::NcclError;
-use crate::result;
+use crate::result::{self, driver};
 use std::sync::OnceLock;
 
 /// The driver functions kolo-nccl calls, directly or through cudarc.
@@ -83,10 +83,7 @@ pub fn cuda() -> Result<(i32, usize), NcclError> {
 }
 
 fn probe_cuda() -> Result<(i32, usize), NcclError> {
-    // SAFETY: only tries to dlopen libcuda under cudarc's candidate names
-    // (running the driver library's initialisers, which set up its own
-    // state only); the handles are closed again.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver::library_present() {
         return Err(NcclError::LibraryMissing {
             library: "libcuda",
             hint: format!(
@@ -96,27 +93,19 @@ fn probe_cuda() -> Result<(i32, usize), NcclError> {
             ),
         });
     }
-    // SAFETY: `is_culib_present` just succeeded, so cudarc's loader finds
-    // the library and does not panic.
-    let library = unsafe { cudarc::driver::sys::culib() };
-    for symbol in DRIVER_SYMBOLS {
-        // SAFETY: only looks the symbol up; the pointer is never called
-        // through this (opaque, unit-typed) handle.
-        if unsafe { library.get::<*const ()>(*symbol) }.is_err() {
-            return Err(NcclError::SymbolMissing {
-                library: "libcuda".into(),
-                symbol: symbol.to_string(),
-            });
-        }
+    // SAFETY: the library is present (checked just above).
+    if let Some(symbol) = unsafe { driver::first_missing_symbol(DRIVER_SYMBOLS) } {
+        return Err(NcclError::SymbolMissing {
+            library: "libcuda".into(),
+            symbol: symbol.to_string(),
+        });
     }
     guard("cuInit", || {
         cudarc::driver::result::init().map_err(NcclError::on_cuda("cuInit"))
     })?;
-    let mut version = 0;
-    // SAFETY: `version` is a valid out-pointer; the symbol was checked above.
-    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
-        .result()
-        .map_err(NcclError::on_cuda("cuDriverGetVersion"))?;
+    // SAFETY: the library is present and has every symbol of
+    // DRIVER_SYMBOLS, cuDriverGetVersion among them.
+    let version = unsafe { driver::driver_version() }?;
     let count = cudarc::driver::result::device::get_count()
         .map_err(NcclError::on_cuda("cuDeviceGetCount"))?;
     if count <= 0 {
@@ -129,7 +118,7 @@ fn probe_cuda() -> Result<(i32, usize), NcclError> {
 
 /// Loads libnccl and returns its version.
 pub fn nccl() -> Result<i32, NcclError> {
-    result::version()
+    result::nccl::version()
 }
 
 /// Both probes: CUDA first, then NCCL.
@@ -140,7 +129,7 @@ pub fn platform() -> Result<Platform, NcclError> {
         driver_version,
         devices,
         nccl_version,
-        nccl_library: crate::sys::api()?.path.clone(),
+        nccl_library: result::nccl::library_path()?,
     })
 }
 

@@ -25,22 +25,57 @@
 //! [`Element::scale`]: kolo_transport::Element::scale
 
 use crate::error::NcclError;
-use crate::sys;
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::Scale;
 
+/// The NCCL element types kolo's dtypes reduce as (`ncclDataType_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclType {
+    /// `ncclInt8`.
+    Int8,
+    /// `ncclUint8` (also bool).
+    Uint8,
+    /// `ncclInt32`.
+    Int32,
+    /// `ncclInt64`.
+    Int64,
+    /// `ncclFloat16`.
+    Float16,
+    /// `ncclBfloat16`.
+    Bfloat16,
+    /// `ncclFloat32`.
+    Float32,
+    /// `ncclFloat64`.
+    Float64,
+}
+
+/// NCCL's built-in reductions (`ncclRedOp_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NativeOp {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclProd`.
+    Prod,
+    /// `ncclMax`.
+    Max,
+    /// `ncclMin`.
+    Min,
+    /// `ncclAvg`.
+    Avg,
+}
+
 /// NCCL's type for reductions over `dtype`, if it has one (`bool` travels
 /// as `u8`).
-pub fn nccl_dtype(dtype: DataType) -> Option<sys::DataType> {
+pub(crate) fn nccl_type(dtype: DataType) -> Option<NcclType> {
     Some(match dtype {
-        DataType::U8 | DataType::Bool => sys::dtype::UINT8,
-        DataType::I8 => sys::dtype::INT8,
-        DataType::I32 => sys::dtype::INT32,
-        DataType::I64 => sys::dtype::INT64,
-        DataType::F16 => sys::dtype::FLOAT16,
-        DataType::BF16 => sys::dtype::BFLOAT16,
-        DataType::F32 => sys::dtype::FLOAT32,
-        DataType::F64 => sys::dtype::FLOAT64,
+        DataType::U8 | DataType::Bool => NcclType::Uint8,
+        DataType::I8 => NcclType::Int8,
+        DataType::I32 => NcclType::Int32,
+        DataType::I64 => NcclType::Int64,
+        DataType::F16 => NcclType::Float16,
+        DataType::BF16 => NcclType::Bfloat16,
+        DataType::F32 => NcclType::Float32,
+        DataType::F64 => NcclType::Float64,
         DataType::U16 | DataType::I16 => return None,
     })
 }
@@ -48,8 +83,8 @@ pub fn nccl_dtype(dtype: DataType) -> Option<sys::DataType> {
 /// The NCCL operation to run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceKind {
-    /// A built-in `ncclRedOp_t`.
-    Native(sys::RedOp),
+    /// A built-in operation.
+    Native(NativeOp),
     /// `ncclRedOpCreatePreMulSum` with this factor: every input is
     /// multiplied by it, then summed.
     PreMulSum(f64),
@@ -62,8 +97,8 @@ pub enum ReduceKind {
 pub struct ReducePlan {
     /// kolo's element type (what the scale kernels work on).
     pub elem: DataType,
-    /// NCCL's dtype.
-    pub dtype: sys::DataType,
+    /// NCCL's element type.
+    pub dtype: NcclType,
     /// The NCCL operation.
     pub kind: ReduceKind,
     /// Scale kernel factor applied to the input before NCCL (`None`: none).
@@ -80,7 +115,7 @@ pub fn plan_reduce(
     scale: Scale,
     size: usize,
 ) -> Result<ReducePlan, NcclError> {
-    let nccl = nccl_dtype(dtype).ok_or_else(|| NcclError::Unsupported {
+    let nccl = nccl_type(dtype).ok_or_else(|| NcclError::Unsupported {
         op: format!("allreduce({})", op.name()),
         dtype,
         reason: "NCCL has no 16-bit integer type; use HostStaging or a 32-bit type".into(),
@@ -112,20 +147,20 @@ pub fn plan_reduce(
         // zero factor (before or after) leaves false everywhere, any other
         // leaves a bool unchanged.
         let native = match op {
-            ReduceOp::Sum | ReduceOp::Average | ReduceOp::Max => sys::op::MAX,
-            ReduceOp::Product | ReduceOp::Min => sys::op::MIN,
+            ReduceOp::Sum | ReduceOp::Average | ReduceOp::Max => NativeOp::Max,
+            ReduceOp::Product | ReduceOp::Min => NativeOp::Min,
         };
         let cleared = scale.prescale == 0.0 || scale.postscale == 0.0;
         return plan(ReduceKind::Native(native), None, cleared.then_some(0.0));
     }
-    let sum = ReduceKind::Native(sys::op::SUM);
+    let sum = ReduceKind::Native(NativeOp::Sum);
     match op {
         ReduceOp::Sum | ReduceOp::Average if dtype.is_float() => {
             let factor = scale.prescale * post;
             if factor == 1.0 {
                 plan(sum, None, None)
             } else if op == ReduceOp::Average && scale.is_identity() && size > 1 {
-                plan(ReduceKind::Native(sys::op::AVG), None, None)
+                plan(ReduceKind::Native(NativeOp::Avg), None, None)
             } else if !factor.is_finite() {
                 Err(not_finite("combined scale factor", factor))
             } else if size > 1 {
@@ -136,17 +171,17 @@ pub fn plan_reduce(
         }
         ReduceOp::Sum | ReduceOp::Average => plan(sum, kernel(scale.prescale), kernel(post)),
         ReduceOp::Min => plan(
-            ReduceKind::Native(sys::op::MIN),
+            ReduceKind::Native(NativeOp::Min),
             kernel(scale.prescale),
             kernel(post),
         ),
         ReduceOp::Max => plan(
-            ReduceKind::Native(sys::op::MAX),
+            ReduceKind::Native(NativeOp::Max),
             kernel(scale.prescale),
             kernel(post),
         ),
         ReduceOp::Product => plan(
-            ReduceKind::Native(sys::op::PROD),
+            ReduceKind::Native(NativeOp::Prod),
             kernel(scale.prescale),
             kernel(post),
         ),
@@ -154,19 +189,20 @@ pub fn plan_reduce(
 }
 
 /// The bytes of `factor` as one value of the float `dtype`, for a
-/// host-immediate PreMulSum scalar.
-pub fn scalar_bytes(dtype: sys::DataType, factor: f64) -> [u8; 8] {
+/// host-immediate PreMulSum scalar (zero for integer types, which never
+/// plan a PreMulSum).
+pub(crate) fn scalar_bytes(dtype: NcclType, factor: f64) -> [u8; 8] {
     let mut out = [0u8; 8];
     match dtype {
-        sys::dtype::FLOAT64 => out.copy_from_slice(&factor.to_ne_bytes()),
-        sys::dtype::FLOAT32 => out[..4].copy_from_slice(&(factor as f32).to_ne_bytes()),
-        sys::dtype::FLOAT16 => {
+        NcclType::Float64 => out.copy_from_slice(&factor.to_ne_bytes()),
+        NcclType::Float32 => out[..4].copy_from_slice(&(factor as f32).to_ne_bytes()),
+        NcclType::Float16 => {
             out[..2].copy_from_slice(&half::f16::from_f64(factor).to_bits().to_ne_bytes())
         }
-        sys::dtype::BFLOAT16 => {
+        NcclType::Bfloat16 => {
             out[..2].copy_from_slice(&half::bf16::from_f64(factor).to_bits().to_ne_bytes())
         }
-        _ => {}
+        NcclType::Int8 | NcclType::Uint8 | NcclType::Int32 | NcclType::Int64 => {}
     }
     out
 }
@@ -198,10 +234,10 @@ mod tests {
     fn plain_operations_are_native() {
         for dtype in [DataType::F32, DataType::I64, DataType::U8, DataType::BF16] {
             for (op, native) in [
-                (ReduceOp::Sum, sys::op::SUM),
-                (ReduceOp::Min, sys::op::MIN),
-                (ReduceOp::Max, sys::op::MAX),
-                (ReduceOp::Product, sys::op::PROD),
+                (ReduceOp::Sum, NativeOp::Sum),
+                (ReduceOp::Min, NativeOp::Min),
+                (ReduceOp::Max, NativeOp::Max),
+                (ReduceOp::Product, NativeOp::Prod),
             ] {
                 let p = plan(dtype, op, 1.0, 1.0, 4).unwrap();
                 assert_eq!(p.kind, ReduceKind::Native(native));
@@ -213,11 +249,11 @@ mod tests {
             plan(DataType::F16, ReduceOp::Average, 1.0, 1.0, 4)
                 .unwrap()
                 .kind,
-            ReduceKind::Native(sys::op::AVG)
+            ReduceKind::Native(NativeOp::Avg)
         );
         // An average over one rank is a plain sum, for integers too.
         let p = plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 1).unwrap();
-        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!(p.kind, ReduceKind::Native(NativeOp::Sum));
         assert_eq!(p.postscale, None);
     }
 
@@ -225,7 +261,7 @@ mod tests {
     fn float_scales_fold_into_one_premulsum_factor() {
         let p = plan(DataType::F32, ReduceOp::Average, 2.0, 3.0, 4).unwrap();
         assert_eq!(p.kind, ReduceKind::PreMulSum(1.5));
-        assert_eq!(p.dtype, sys::dtype::FLOAT32);
+        assert_eq!(p.dtype, NcclType::Float32);
         assert_eq!((p.prescale, p.postscale), (None, None));
         let p = plan(DataType::F64, ReduceOp::Sum, 0.5, 1.0, 8).unwrap();
         assert_eq!(p.kind, ReduceKind::PreMulSum(0.5));
@@ -234,14 +270,14 @@ mod tests {
             plan(DataType::F32, ReduceOp::Sum, 4.0, 0.25, 2)
                 .unwrap()
                 .kind,
-            ReduceKind::Native(sys::op::SUM)
+            ReduceKind::Native(NativeOp::Sum)
         );
     }
 
     #[test]
     fn one_rank_scales_with_the_kernel_not_premulsum() {
         let p = plan(DataType::F32, ReduceOp::Sum, 0.5, 3.0, 1).unwrap();
-        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!(p.kind, ReduceKind::Native(NativeOp::Sum));
         assert_eq!((p.prescale, p.postscale), (None, Some(1.5)));
         let p = plan(DataType::BF16, ReduceOp::Average, 1.0, 2.0, 1).unwrap();
         assert_eq!((p.prescale, p.postscale), (None, Some(2.0)));
@@ -250,12 +286,12 @@ mod tests {
     #[test]
     fn integer_and_non_sum_scales_use_the_kernel() {
         let p = plan(DataType::I32, ReduceOp::Average, 1.0, 1.0, 2).unwrap();
-        assert_eq!(p.kind, ReduceKind::Native(sys::op::SUM));
+        assert_eq!(p.kind, ReduceKind::Native(NativeOp::Sum));
         assert_eq!((p.prescale, p.postscale), (None, Some(0.5)));
         let p = plan(DataType::I64, ReduceOp::Sum, 3.0, 0.5, 4).unwrap();
         assert_eq!((p.prescale, p.postscale), (Some(3.0), Some(0.5)));
         let p = plan(DataType::F32, ReduceOp::Max, 2.0, 1.0, 2).unwrap();
-        assert_eq!(p.kind, ReduceKind::Native(sys::op::MAX));
+        assert_eq!(p.kind, ReduceKind::Native(NativeOp::Max));
         assert_eq!((p.prescale, p.postscale), (Some(2.0), None));
         // Min / max / product are not averages: the postscale is not divided.
         let p = plan(DataType::U8, ReduceOp::Product, 1.0, 0.5, 4).unwrap();
@@ -287,22 +323,22 @@ mod tests {
             plan(DataType::Bool, ReduceOp::Sum, 1.0, 1.0, 3)
                 .unwrap()
                 .kind,
-            ReduceKind::Native(sys::op::MAX)
+            ReduceKind::Native(NativeOp::Max)
         );
         assert_eq!(
             plan(DataType::Bool, ReduceOp::Average, 1.0, 1.0, 3)
                 .unwrap()
                 .kind,
-            ReduceKind::Native(sys::op::MAX)
+            ReduceKind::Native(NativeOp::Max)
         );
         assert_eq!(
             plan(DataType::Bool, ReduceOp::Product, 1.0, 1.0, 3)
                 .unwrap()
                 .kind,
-            ReduceKind::Native(sys::op::MIN)
+            ReduceKind::Native(NativeOp::Min)
         );
         let p = plan(DataType::Bool, ReduceOp::Min, 2.0, 5.0, 3).unwrap();
-        assert_eq!(p.kind, ReduceKind::Native(sys::op::MIN));
+        assert_eq!(p.kind, ReduceKind::Native(NativeOp::Min));
         assert_eq!((p.prescale, p.postscale), (None, None));
         let p = plan(DataType::Bool, ReduceOp::Max, 0.0, 1.0, 3).unwrap();
         assert_eq!((p.prescale, p.postscale), (None, Some(0.0)));
@@ -310,20 +346,17 @@ mod tests {
 
     #[test]
     fn scalar_bytes_hold_the_factor_in_the_element_type() {
+        assert_eq!(scalar_bytes(NcclType::Float64, 0.25), 0.25f64.to_ne_bytes());
         assert_eq!(
-            scalar_bytes(sys::dtype::FLOAT64, 0.25),
-            0.25f64.to_ne_bytes()
-        );
-        assert_eq!(
-            &scalar_bytes(sys::dtype::FLOAT32, 0.25)[..4],
+            &scalar_bytes(NcclType::Float32, 0.25)[..4],
             &0.25f32.to_ne_bytes()
         );
         assert_eq!(
-            &scalar_bytes(sys::dtype::FLOAT16, 0.5)[..2],
+            &scalar_bytes(NcclType::Float16, 0.5)[..2],
             &half::f16::from_f32(0.5).to_bits().to_ne_bytes()
         );
         assert_eq!(
-            &scalar_bytes(sys::dtype::BFLOAT16, 2.0)[..2],
+            &scalar_bytes(NcclType::Bfloat16, 2.0)[..2],
             &half::bf16::from_f32(2.0).to_bits().to_ne_bytes()
         );
     }
@@ -343,17 +376,17 @@ mod tests {
             let scale = Scale { prescale: pre, postscale: post };
             match plan(dtype, op, pre, post, size) {
                 Ok(p) => {
-                    prop_assert_eq!(Some(p.dtype), nccl_dtype(dtype));
+                    prop_assert_eq!(Some(p.dtype), nccl_type(dtype));
                     prop_assert!(p.prescale != Some(1.0) && p.postscale != Some(1.0));
                     let (k_pre, k_post) = (p.prescale.unwrap_or(1.0), p.postscale.unwrap_or(1.0));
                     match p.kind {
-                        ReduceKind::Native(o) => prop_assert!((0..=4).contains(&o)),
+                        ReduceKind::Native(_) => {}
                         ReduceKind::PreMulSum(f) => {
                             prop_assert!(dtype.is_float() && size > 1);
                             prop_assert_eq!(f, pre * scale.postscale_for(op, size));
                         }
                     }
-                    if p.kind == ReduceKind::Native(sys::op::AVG) {
+                    if p.kind == ReduceKind::Native(NativeOp::Avg) {
                         prop_assert!(scale.is_identity() && op == ReduceOp::Average);
                     } else if dtype == DataType::Bool {
                         let cleared = pre == 0.0 || post == 0.0;

@@ -2,16 +2,12 @@
 //! id broadcast over MPI. Run directly it re-runs itself under `mpirun`
 //! with 1 and 2 processes (or `--np N`, repeatable) when enough GPUs are
 //! visible; under `mpirun` it is one rank. Without a GPU it prints
-//! `skipped: no CUDA device (reason)` and exits 0.
-//!
-//! `--bench` also prints nccl-tests-style bandwidths, the small-allreduce
-//! breakdown and the fused step (plus `json:` lines); `--no-checks` skips
-//! the checks (bench only); `--small` prints the bench without the
-//! bandwidth tables.
+//! `skipped: no CUDA device (reason)` and exits 0. The timings are the
+//! `nccl_bench` benchmark's.
 
 mod gpu;
 
-use gpu::{print_bench, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use gpu::{Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_mpi::launcher::{mpirun_self, under_mpirun};
 use kolo_mpi::MpiComm;
 use kolo_nccl::{NcclComm, NcclOptions};
@@ -20,12 +16,8 @@ use std::time::Duration;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let small = args.iter().any(|a| a == "--small");
-    // Some(whether to print the bandwidth tables).
-    let bench = (small || args.iter().any(|a| a == "--bench")).then_some(!small);
-    let checks = !args.iter().any(|a| a == "--no-checks");
     if under_mpirun() {
-        std::process::exit(rank_main(bench, checks));
+        std::process::exit(rank_main());
     }
     let gpus = match gpu::gpus_or_skip() {
         Ok(gpus) => gpus,
@@ -56,18 +48,10 @@ fn main() {
             continue;
         }
         println!("== process mode: mpirun -np {np} ==");
-        let mut pass: Vec<&str> = match bench {
-            Some(true) => vec!["--bench"],
-            Some(false) => vec!["--small"],
-            None => vec![],
-        };
-        if !checks {
-            pass.push("--no-checks");
-        }
         match mpirun_self(
             &exe,
             np,
-            pass,
+            Vec::<&str>::new(),
             &[("NCCL_NVLS_ENABLE", "0")],
             Duration::from_secs(1200),
         ) {
@@ -94,7 +78,7 @@ fn main() {
 
 /// One rank: build the communicator over MPI, run every check, agree on
 /// the outcome with the other ranks.
-fn rank_main(bench: Option<bool>, checks: bool) -> i32 {
+fn rank_main() -> i32 {
     let mut mpi = match MpiComm::init(false) {
         Ok(mpi) => mpi,
         Err(e) => {
@@ -119,12 +103,7 @@ fn rank_main(bench: Option<bool>, checks: bool) -> i32 {
                     Err(format!("{:?}", comm.mode()))
                 },
             );
-            if checks {
-                gpu::run_all(&mut comm, &mut mpi, &mut report);
-            }
-            if let Some(tables) = bench {
-                print_bench(&mut comm, "process mode", tables);
-            }
+            gpu::run_all(&mut comm, &mut mpi, &mut report);
             gpu::close(comm, &mut report);
         }
         Err(e) => report.check("NcclComm::init over MPI", Err(e.to_string())),

@@ -1,16 +1,12 @@
 //! Thread mode on real GPUs: one thread per GPU in this process, for 1 and
 //! 2 GPUs (or `--gpus N`, repeatable). Every device operation, transactions,
 //! copy engines and the conformance suite through `HostStaging`. Without a
-//! GPU it prints `skipped: no CUDA device (reason)` and exits 0.
-//!
-//! `--bench` also prints nccl-tests-style bandwidths, the small-allreduce
-//! breakdown and the fused step (plus `json:` lines); `--no-checks` skips
-//! the checks (bench only); `--small` prints the bench without the
-//! bandwidth tables.
+//! GPU it prints `skipped: no CUDA device (reason)` and exits 0. The
+//! timings are the `nccl_bench` benchmark's.
 
 mod gpu;
 
-use gpu::{print_bench, transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
 use kolo_transport::Topology;
 
@@ -31,17 +27,13 @@ fn main() {
     if wanted.is_empty() {
         wanted = vec![1, 2];
     }
-    let small = args.iter().any(|a| a == "--small");
-    // Some(whether to print the bandwidth tables).
-    let bench = (small || args.iter().any(|a| a == "--bench")).then_some(!small);
-    let checks = !args.iter().any(|a| a == "--no-checks");
     let mut ok = true;
     for n in wanted {
         if n > gpus {
             println!("skipped: thread mode on {n} GPUs needs {n}, {gpus} visible");
             continue;
         }
-        ok &= run_threads(n, bench, checks);
+        ok &= run_threads(n);
     }
     if !ok {
         println!("gpu_threads: FAILED");
@@ -50,18 +42,23 @@ fn main() {
     println!("gpu_threads: all checks passed");
 }
 
-fn run_threads(n: usize, bench: Option<bool>, checks: bool) -> bool {
+fn run_threads(n: usize) -> bool {
     println!("== thread mode, {n} GPU(s) ==");
     let options = NcclOptions {
         op_timeout: OP_TIMEOUT,
         teardown_timeout: TEARDOWN_TIMEOUT,
         ..NcclOptions::default()
     };
-    let results = kolo_nccl::threads::run(n, options.clone(), |comm, ctrl| {
-        let mut report = Report::new(comm.rank());
-        if checks {
-            gpu::run_all(comm, ctrl, &mut report);
+    let ctrls = match kolo_threads::communicators(n) {
+        Ok(ctrls) => ctrls,
+        Err(e) => {
+            println!("FAIL thread mode on {n} GPUs: {e}");
+            return false;
         }
+    };
+    let results = kolo_nccl::threads::run(ctrls, options.clone(), |comm, ctrl| {
+        let mut report = Report::new(comm.rank());
+        gpu::run_all(comm, ctrl, &mut report);
         let copy = NcclOptions {
             copy_engine: CopyEngine::On,
             device: Some(comm.device().ordinal()),
@@ -69,18 +66,10 @@ fn run_threads(n: usize, bench: Option<bool>, checks: bool) -> bool {
         };
         match NcclComm::init(ctrl, copy) {
             Ok(mut ce) => {
-                if checks {
-                    transactions::copy_engines(&mut ce, &mut report);
-                }
-                if let Some(tables) = bench {
-                    print_bench(&mut ce, "thread mode, copy engines", tables);
-                }
+                transactions::copy_engines(&mut ce, &mut report);
                 gpu::close(ce, &mut report);
             }
             Err(e) => report.check("copy engines: init", Err(e.to_string())),
-        }
-        if let Some(tables) = bench {
-            print_bench(comm, "thread mode", tables);
         }
         Ok(report)
     });

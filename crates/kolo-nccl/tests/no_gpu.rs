@@ -40,7 +40,8 @@ fn thread_mode_run_fails_on_every_rank() {
     if !cuda_missing() {
         return;
     }
-    let err = kolo_nccl::threads::run(2, NcclOptions::default(), |_, _| Ok(())).unwrap_err();
+    let ctrls = kolo_threads::communicators(2).expect("two ranks");
+    let err = kolo_nccl::threads::run(ctrls, NcclOptions::default(), |_, _| Ok(())).unwrap_err();
     assert_eq!(err.failures.len(), 2);
     assert!(
         err.to_string().contains("bootstrap failed on rank 0"),

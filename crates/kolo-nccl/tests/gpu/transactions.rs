@@ -2,8 +2,7 @@
 //! operations.
 
 use super::{compare, err, to_device, to_host, value, Report};
-use kolo_nccl::plan::destructive_slot;
-use kolo_nccl::{CopyEngine, Mode, NcclComm};
+use kolo_nccl::{destructive_slot, CopyEngine, Mode, NcclComm};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Element, Scale, Topology};
 

@@ -1,0 +1,261 @@
+//! A small interpreter of the PTX instructions kolo-nccl's hand-written
+//! kernels use (modelled on the PTX ISA's definitions), for the tests of
+//! [`crate::kernels::scale_ptx`] and [`crate::kernels::copy_ptx`]: one
+//! thread at a time, so only for kernels whose threads never wait for each
+//! other.
+
+use half::{bf16, f16};
+use std::collections::HashMap;
+
+/// Operands separated by commas outside braces (`{%r1, %r2}` is one).
+fn split_args(args: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let (mut depth, mut current) = (0, String::new());
+    for c in args.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut current).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    out.push(current.trim().to_string());
+    out.retain(|a| !a.is_empty());
+    out
+}
+
+/// The registers of a vector operand `{%r1, %r2, ...}`.
+fn vector(operand: &str) -> Vec<String> {
+    operand
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .split(',')
+        .map(|r| r.trim().to_string())
+        .collect()
+}
+
+/// One instruction: optional predicate guard, opcode, operands.
+#[derive(Debug, Clone)]
+pub(super) struct Insn {
+    pub(super) guard: Option<String>,
+    pub(super) op: String,
+    pub(super) args: Vec<String>,
+}
+
+/// The instructions and label positions of an entry's body.
+pub(super) fn parse(entry: &str) -> (Vec<Insn>, HashMap<String, usize>) {
+    let body = entry
+        .split_once('{')
+        .and_then(|(_, rest)| rest.rsplit_once('}'))
+        .map(|(body, _)| body)
+        .expect("an entry has a body");
+    let mut insns = Vec::new();
+    let mut labels = HashMap::new();
+    for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(label) = line.strip_suffix(':') {
+            assert!(labels.insert(label.to_string(), insns.len()).is_none());
+            continue;
+        }
+        if line.starts_with(".reg") {
+            continue;
+        }
+        let line = line.strip_suffix(';').expect("instructions end with ';'");
+        let (guard, rest) = match line.strip_prefix('@') {
+            Some(g) => {
+                let (g, rest) = g.split_once(' ').expect("a guarded instruction");
+                (Some(g.to_string()), rest)
+            }
+            None => (None, line),
+        };
+        let (op, args) = rest.split_once(' ').unwrap_or((rest, ""));
+        let args = split_args(args);
+        insns.push(Insn {
+            guard,
+            op: op.to_string(),
+            args,
+        });
+    }
+    (insns, labels)
+}
+
+/// Global memory: `bytes` at address `base`.
+pub(super) struct Memory {
+    pub(super) base: u64,
+    pub(super) bytes: Vec<u8>,
+}
+
+impl Memory {
+    fn range(&self, addr: u64, len: usize) -> std::ops::Range<usize> {
+        let start = (addr - self.base) as usize;
+        assert!(
+            start + len <= self.bytes.len(),
+            "out of bounds at {addr:#x}"
+        );
+        start..start + len
+    }
+    fn load(&self, addr: u64, len: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w[..len].copy_from_slice(&self.bytes[self.range(addr, len)]);
+        u64::from_le_bytes(w)
+    }
+    fn store(&mut self, addr: u64, len: usize, value: u64) {
+        let r = self.range(addr, len);
+        self.bytes[r].copy_from_slice(&value.to_le_bytes()[..len]);
+    }
+}
+
+fn f32_of(bits: u64) -> f32 {
+    f32::from_bits(bits as u32)
+}
+
+/// Runs `entry` for one thread `(ctaid, tid)` of a `(nctaid, ntid)` grid.
+pub(super) fn run_thread(
+    insns: &[Insn],
+    labels: &HashMap<String, usize>,
+    params: &HashMap<String, u64>,
+    grid: (u32, u32, u32, u32),
+    mem: &mut Memory,
+) {
+    let (ctaid, ntid, tid, nctaid) = grid;
+    let mut regs: HashMap<String, u64> = HashMap::new();
+    let mut pc = 0;
+    let mut steps = 0u64;
+    while pc < insns.len() {
+        steps += 1;
+        assert!(steps < 10_000_000, "runaway kernel");
+        let i = &insns[pc];
+        pc += 1;
+        if let Some(p) = &i.guard {
+            if regs.get(p).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+        }
+        let a = &i.args;
+        let get = |regs: &HashMap<String, u64>, s: &str| -> u64 {
+            match s {
+                "%ctaid.x" => u64::from(ctaid),
+                "%ntid.x" => u64::from(ntid),
+                "%tid.x" => u64::from(tid),
+                "%nctaid.x" => u64::from(nctaid),
+                _ if s.starts_with('%') => *regs
+                    .get(s)
+                    .unwrap_or_else(|| panic!("{s} read before written")),
+                _ => s
+                    .parse::<i64>()
+                    .map(|v| v as u64)
+                    .unwrap_or_else(|_| panic!("bad operand {s}")),
+            }
+        };
+        let addr = |regs: &HashMap<String, u64>, s: &str| {
+            let inner = s.trim_start_matches('[').trim_end_matches(']');
+            match inner.split_once('+') {
+                Some((reg, off)) => get(regs, reg).wrapping_add(get(regs, off)),
+                None => get(regs, inner),
+            }
+        };
+        let out: Option<u64> = match i.op.as_str() {
+            "ret" => break,
+            "bra" => {
+                pc = labels[&a[0]];
+                None
+            }
+            "ld.param.u64" | "ld.param.f64" => {
+                Some(params[a[1].trim_start_matches('[').trim_end_matches(']')])
+            }
+            "cvta.to.global.u64" | "mov.u32" | "mov.b32" | "mov.u64" => Some(get(&regs, &a[1])),
+            "cvt.u32.u64" => Some(get(&regs, &a[1]) as u32 as u64),
+            "sub.u64" => Some(get(&regs, &a[1]).wrapping_sub(get(&regs, &a[2]))),
+            "shr.u64" => Some(get(&regs, &a[1]) >> get(&regs, &a[2])),
+            "setp.eq.u32" => Some(u64::from(
+                get(&regs, &a[1]) as u32 == get(&regs, &a[2]) as u32,
+            )),
+            "ld.global.v4.u32" => {
+                let at = addr(&regs, &a[1]);
+                for (k, reg) in vector(&a[0]).into_iter().enumerate() {
+                    let word = mem.load(at + 4 * k as u64, 4);
+                    regs.insert(reg, word);
+                }
+                None
+            }
+            "st.global.v4.u32" => {
+                let at = addr(&regs, &a[0]);
+                for (k, reg) in vector(&a[1]).iter().enumerate() {
+                    let word = get(&regs, reg);
+                    mem.store(at + 4 * k as u64, 4, word);
+                }
+                None
+            }
+            "mul.wide.u32" => {
+                Some((get(&regs, &a[1]) as u32 as u64) * (get(&regs, &a[2]) as u32 as u64))
+            }
+            "cvt.u64.u32" => Some(get(&regs, &a[1]) as u32 as u64),
+            "cvt.u32.u16" => Some(get(&regs, &a[1]) as u16 as u64),
+            "add.u64" => Some(get(&regs, &a[1]).wrapping_add(get(&regs, &a[2]))),
+            "shl.b64" => Some(get(&regs, &a[1]) << get(&regs, &a[2])),
+            "shl.b32" => Some(u64::from((get(&regs, &a[1]) as u32) << get(&regs, &a[2]))),
+            "setp.ge.u64" => Some(u64::from(get(&regs, &a[1]) >= get(&regs, &a[2]))),
+            "setp.lt.u64" => Some(u64::from(get(&regs, &a[1]) < get(&regs, &a[2]))),
+            "max.s32" => {
+                Some((get(&regs, &a[1]) as i32).max(get(&regs, &a[2]) as i32) as u32 as u64)
+            }
+            "min.s32" => {
+                Some((get(&regs, &a[1]) as i32).min(get(&regs, &a[2]) as i32) as u32 as u64)
+            }
+            // Loads into a wider register extend by the instruction type.
+            "ld.global.u8" => Some(mem.load(addr(&regs, &a[1]), 1)),
+            "ld.global.s8" => {
+                Some(mem.load(addr(&regs, &a[1]), 1) as u8 as i8 as i32 as u32 as u64)
+            }
+            "ld.global.u16" => Some(mem.load(addr(&regs, &a[1]), 2)),
+            "ld.global.f32" | "ld.global.s32" | "ld.global.u32" => {
+                Some(mem.load(addr(&regs, &a[1]), 4))
+            }
+            "ld.global.f64" | "ld.global.s64" | "ld.global.u64" => {
+                Some(mem.load(addr(&regs, &a[1]), 8))
+            }
+            op if op.starts_with("st.global.") => {
+                let len = match &op["st.global.".len()..] {
+                    "u8" | "s8" => 1,
+                    "u16" => 2,
+                    "f32" | "s32" | "u32" => 4,
+                    _ => 8,
+                };
+                let value = get(&regs, &a[1]);
+                mem.store(addr(&regs, &a[0]), len, value);
+                None
+            }
+            "cvt.rn.f32.f64" => Some(u64::from(
+                (f64::from_bits(get(&regs, &a[1])) as f32).to_bits(),
+            )),
+            "cvt.f32.f16" => Some(u64::from(
+                f16::from_bits(get(&regs, &a[1]) as u16).to_f32().to_bits(),
+            )),
+            "cvt.rn.f16.f32" => Some(u64::from(
+                f16::from_f32(f32_of(get(&regs, &a[1]))).to_bits(),
+            )),
+            "cvt.rn.bf16.f32" => Some(u64::from(
+                bf16::from_f32(f32_of(get(&regs, &a[1]))).to_bits(),
+            )),
+            "cvt.rn.f64.s32" => Some((get(&regs, &a[1]) as i32 as f64).to_bits()),
+            "cvt.rn.f64.u32" => Some((get(&regs, &a[1]) as u32 as f64).to_bits()),
+            "cvt.rn.f64.s64" => Some((get(&regs, &a[1]) as i64 as f64).to_bits()),
+            // PTX float-to-integer conversions saturate (NaN gives 0).
+            "cvt.rzi.s32.f64" => Some(f64::from_bits(get(&regs, &a[1])) as i32 as u32 as u64),
+            "cvt.rzi.s64.f64" => Some(f64::from_bits(get(&regs, &a[1])) as i64 as u64),
+            "mul.rn.f32" => Some(u64::from(
+                (f32_of(get(&regs, &a[1])) * f32_of(get(&regs, &a[2]))).to_bits(),
+            )),
+            "mul.rn.f64" => Some(
+                (f64::from_bits(get(&regs, &a[1])) * f64::from_bits(get(&regs, &a[2]))).to_bits(),
+            ),
+            other => panic!("the interpreter does not know {other}"),
+        };
+        if let Some(v) = out {
+            regs.insert(a[0].clone(), v);
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! The safe layer: owning types whose `Drop` releases what they hold, and
+//! the operations of [`NcclComm`](crate::NcclComm) on them.
+//!
+//! Only [`raw_comm`] holds NCCL's communicator handle; everything above it
+//! calls its methods. Device addresses appear only between a buffer's
+//! cudarc guard (which orders its stream and keeps it alive) and the
+//! `unsafe` call that uses them, each with the `SAFETY:` argument of why
+//! the memory spans what the call reads or writes.
+//!
+//! - the communicator: [`comm`] (init, health, close), [`raw_comm`],
+//!   [`teardown`], [`completion`] (the device's completion thread) and
+//!   [`work`] (the handles it completes);
+//! - the device: [`device`] (context, stream, pooled events from
+//!   [`event_pool`]) and [`copy_engine`] (thread-mode peer copies);
+//! - the operations: [`ops`] (data movement), [`reduce_ops`], [`p2p`],
+//!   [`transaction`] with [`tx_execute`], [`baseline`] (the bare NCCL call
+//!   the benchmarks compare against);
+//! - on top: [`fusion`] (the device fusion buffer), [`untracked`] (memory
+//!   without cudarc's events), [`staging`] and [`staging_tx`] (kolo's host
+//!   data plane through NCCL).
+
+pub(crate) mod baseline;
+pub(crate) mod comm;
+pub(crate) mod completion;
+pub(crate) mod copy_engine;
+pub(crate) mod device;
+pub(crate) mod event_pool;
+pub(crate) mod fusion;
+pub(crate) mod ops;
+pub(crate) mod p2p;
+pub(crate) mod raw_comm;
+pub(crate) mod reduce_ops;
+pub(crate) mod staging;
+pub(crate) mod staging_tx;
+pub(crate) mod teardown;
+pub(crate) mod transaction;
+pub(crate) mod tx_execute;
+pub(crate) mod untracked;
+pub(crate) mod work;

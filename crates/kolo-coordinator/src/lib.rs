@@ -17,39 +17,6 @@
 //! the thin shell that makes the [`Controller`](kolo_transport::Controller)
 //! calls.
 //!
-//! Protocol notes:
-//! - **Cache.** A hit needs the name and every parameter to equal this
-//!   rank's request when the response was cached; a cached name requested
-//!   with other parameters invalidates the slot on every rank (OR-ed invalid
-//!   bits) and goes through rank 0. Only successful single-tensor responses
-//!   decided while no rank is joined are cached, so results are identical
-//!   with and without the cache. Cache hits follow rank 0's responses in
-//!   slot order.
-//! - **Join.** While any rank is joined, the cache path pauses: every pending
-//!   request goes through rank 0, which must know who contributes data. A
-//!   joined rank performs responses for tensors it lacks with the operation's
-//!   identity; `Average` over the contributing ranks is sent as `Sum` with
-//!   `postscale / contributors`; a broadcast from a joined root or an
-//!   alltoall lacking a rank is an error response naming the ranks. When all
-//!   ranks have joined, one `Op(Join)` response names the join requests and
-//!   the round resets.
-//! - **Shutdown.** Any rank's `shutdown` makes the output's `shutdown` true
-//!   on every rank, with `shutdown_ranks` naming who asked.
-//! - **Stalls.** See [`stall`]: warnings after `stall_warning`, error
-//!   responses and shutdown after `stall_shutdown`; tensors stuck on the
-//!   cache path are moved to rank 0's table after the shorter of the two.
-//! - **Ids.** Tensors are named once ([`Coordinator::register`]) and
-//!   requested by [`TensorId`]; a request without parameters repeats the
-//!   id's last ones. Cache hits come out as [`Hit`]s (a slot and this
-//!   rank's id) whose responses stay in the cache, read in place. A
-//!   repeated group handed over as [`Intake::Group`] is taken in and
-//!   settled as one unit while nothing else is pending (see [`pending`]).
-//! - **Deferred books.** [`Coordinator::cycle_deferring`] ends a cycle of
-//!   cache hits only at the agreement ([`Cycle::Hits`]): the caller can
-//!   perform the agreed slots first and settle the cycle with
-//!   [`Coordinator::finish_cycle`] after (before the next cycle), which
-//!   returns what [`Coordinator::cycle`] would have.
-//!
 //! # Example
 //!
 //! One rank negotiating with itself (a real job uses a backend's
@@ -89,6 +56,40 @@
 //! }
 //! # Ok::<(), kolo_coordinator::CoordinatorError>(())
 //! ```
+//!
+//! # Protocol notes
+//!
+//! - **Cache.** A hit needs the name and every parameter to equal this
+//!   rank's request when the response was cached; a cached name requested
+//!   with other parameters invalidates the slot on every rank (OR-ed invalid
+//!   bits) and goes through rank 0. Only successful single-tensor responses
+//!   decided while no rank is joined are cached, so results are identical
+//!   with and without the cache. Cache hits follow rank 0's responses in
+//!   slot order.
+//! - **Join.** While any rank is joined, the cache path pauses: every pending
+//!   request goes through rank 0, which must know who contributes data. A
+//!   joined rank performs responses for tensors it lacks with the operation's
+//!   identity; `Average` over the contributing ranks is sent as `Sum` with
+//!   `postscale / contributors`; a broadcast from a joined root or an
+//!   alltoall lacking a rank is an error response naming the ranks. When all
+//!   ranks have joined, one `Op(Join)` response names the join requests and
+//!   the round resets.
+//! - **Shutdown.** Any rank's `shutdown` makes the output's `shutdown` true
+//!   on every rank, with `shutdown_ranks` naming who asked.
+//! - **Stalls.** See [`stall`]: warnings after `stall_warning`, error
+//!   responses and shutdown after `stall_shutdown`; tensors stuck on the
+//!   cache path are moved to rank 0's table after the shorter of the two.
+//! - **Ids.** Tensors are named once ([`Coordinator::register`]) and
+//!   requested by [`TensorId`]; a request without parameters repeats the
+//!   id's last ones. Cache hits come out as [`Hit`]s (a slot and this
+//!   rank's id) whose responses stay in the cache, read in place. A
+//!   repeated group handed over as [`Intake::Group`] is taken in and
+//!   settled as one unit while nothing else is pending (see [`pending`]).
+//! - **Deferred books.** [`Coordinator::cycle_deferring`] ends a cycle of
+//!   cache hits only at the agreement ([`Cycle::Hits`]): the caller can
+//!   perform the agreed slots first and settle the cycle with
+//!   [`Coordinator::finish_cycle`] after (before the next cycle), which
+//!   returns what [`Coordinator::cycle`] would have.
 
 #![warn(missing_docs)]
 
@@ -97,6 +98,7 @@ mod config;
 mod cycle;
 mod error;
 pub mod join;
+mod lru;
 pub mod message_table;
 pub mod names;
 pub mod negotiate;

@@ -15,33 +15,6 @@
 //! in forward-only mode the receiver acks every message and a sender keeps
 //! at most `window` unacknowledged.
 //!
-//! Two engines move the messages. [`Pipeline::start`] runs PipeDream's
-//! helper threads: one per (tensor, peer, direction) link, each owning a
-//! communicator for its one-way channel from a [`ChannelFactory`] (with
-//! kolo-threads, [`pair_channels`]; with MPI, [`duplicate_channels`] over
-//! `MpiComm::duplicate`; with the `nccl` feature, `nccl::nccl_channels`,
-//! and with `nccl` and `mpi`, `nccl::nccl_mpi_channels`),
-//! so a receive blocked on one peer never holds up a send to another.
-//! [`run_serial`] serves a single communicator (MPI initialised
-//! `FUNNELED`) from one loop, posting receives in the order the stage asks
-//! for them and the queued sends just before them.
-//!
-//! With the `nccl` feature, `nccl::nccl_channels` makes every channel a
-//! two-rank NCCL communicator (ranks as threads of one process; with the
-//! `mpi` feature too, `nccl::nccl_mpi_channels` does the same for ranks
-//! as processes under `mpirun`, one GPU each), and `DeviceTensor`s (cudarc `CudaSlice`s
-//! and their shapes) move GPU to GPU on them with
-//! `Pipeline::send_device` / `Pipeline::recv_device`: the header as host
-//! bytes, the elements by `ncclSend` / `ncclRecv` on the device buffers.
-//! Channels are [`Channel`]s — host bytes for any kolo `Collectives`,
-//! device tensors where the backend moves them; elsewhere a device tensor
-//! is refused naming the tensor and the channel's ranks
-//! ([`Pipeline::check_device`] asks without a GPU).
-//!
-//! A peer that fails, leaves or gives up makes its neighbours' calls fail
-//! with [`PipelineError::PeerFailed`] naming its rank and stage (and, when
-//! it aborted, its reason), never hang.
-//!
 //! ```
 //! use kolo_pipeline::{pair_channels, Direction, Options, Pipeline, PipelineError,
 //!     PipelineSpec, StagePlan, Tensor, TensorSpec};
@@ -83,7 +56,48 @@
 //! assert_eq!(sums[0], 12.0); // 2 * (0 + 1 + 2 + 3)
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # How messages move
+//!
+//! Two engines move the messages. [`Pipeline::start`] runs PipeDream's
+//! helper threads: one per (tensor, peer, direction) link, each owning a
+//! communicator for its one-way channel from a [`ChannelFactory`] (with
+//! kolo-threads, [`pair_channels`]; with MPI, [`duplicate_channels`] over
+//! `MpiComm::duplicate`; with the `nccl` feature, `nccl::nccl_channels`,
+//! and with `nccl` and `mpi`, `nccl::nccl_mpi_channels`),
+//! so a receive blocked on one peer never holds up a send to another.
+//! [`run_serial`] serves a single communicator (MPI initialised
+//! `FUNNELED`) from one loop, posting receives in the order the stage asks
+//! for them and the queued sends just before them.
+//!
+//! With the `nccl` feature, `nccl::nccl_channels` makes every channel a
+//! two-rank NCCL communicator (ranks as threads of one process; with the
+//! `mpi` feature too, `nccl::nccl_mpi_channels` does the same for ranks
+//! as processes under `mpirun`, one GPU each), and `DeviceTensor`s (cudarc `CudaSlice`s
+//! and their shapes) move GPU to GPU on them with
+//! `Pipeline::send_device` / `Pipeline::recv_device`: the header as host
+//! bytes, the elements by `ncclSend` / `ncclRecv` on the device buffers.
+//! Channels are [`Channel`]s — host bytes for any kolo `Collectives`,
+//! device tensors where the backend moves them; elsewhere a device tensor
+//! is refused naming the tensor and the channel's ranks
+//! ([`Pipeline::check_device`] asks without a GPU).
+//!
+//! A peer that fails, leaves or gives up makes its neighbours' calls fail
+//! with [`PipelineError::PeerFailed`] naming its rank and stage (and, when
+//! it aborted, its reason), never hang.
+//!
+//! # Features
+//!
+//! - `nccl`: the `nccl` module (`nccl_channels`), `DeviceTensor`, and the
+//!   device-tensor calls of [`Channel`] and [`Pipeline`]. Needs no CUDA at
+//!   build time: kolo-nccl loads CUDA and NCCL when it runs.
+//! - `mpi`, with `nccl`: `nccl::nccl_mpi_channels`, NCCL channels for
+//!   ranks as MPI processes. Needs an MPI library at build time.
+//!
+//! The documentation on docs.rs is built with both and marks each item
+//! with the features it needs.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod channel;

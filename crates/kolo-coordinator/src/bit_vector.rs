@@ -8,17 +8,27 @@
 //! one AND-allreduce answers both: one control-plane call per cycle on the
 //! fast path.
 //!
+//! The slot groups cover the cache's slots in use (its
+//! [`extent`](crate::response_cache::ResponseCache::extent)), not its
+//! capacity: a cycle costs what the cache holds. Every rank's cache hands
+//! out the same slots, so every rank contributes the same length, as long
+//! as every rank has the same capacity, which every cycle checks: each
+//! rank's capacity is both AND-ed and OR-ed, and the two agree only when
+//! every rank gave the same.
+//!
 //! Layout (in `u64` words, bit `i` of a group is bit `i % 64` of word
 //! `i / 64` of that group):
 //!
-//! | group          | bits       | reduced |
-//! |----------------|------------|---------|
-//! | cache hits     | `capacity` | AND     |
-//! | shutdown ranks | `size`     | OR      |
-//! | joined ranks   | `size`     | OR      |
-//! | flags          | 64         | OR      |
-//! | invalid slots  | `capacity` | OR      |
-//! | any-rank hits  | `capacity` | OR      |
+//! | group          | bits    | reduced |
+//! |----------------|---------|---------|
+//! | cache hits     | `slots` | AND     |
+//! | cache capacity | 64      | AND     |
+//! | shutdown ranks | `size`  | OR      |
+//! | joined ranks   | `size`  | OR      |
+//! | flags          | 64      | OR      |
+//! | cache capacity | 64      | OR      |
+//! | invalid slots  | `slots` | OR      |
+//! | any-rank hits  | `slots` | OR      |
 
 /// Flag bit: this rank has requests for rank 0 (not settled by the cache).
 const FLAG_UNCACHED: usize = 0;
@@ -36,6 +46,8 @@ pub struct LocalBits {
     pub uncached: bool,
     /// (Rank 0) the coordinator needs a gather this cycle.
     pub gather: bool,
+    /// This rank's response cache capacity (every rank must have the same).
+    pub cache_capacity: usize,
     /// Cache slots whose name this rank requested with other parameters.
     pub invalid: Vec<usize>,
     /// Cache slots this rank has a pending matching request for.
@@ -53,6 +65,10 @@ pub struct CycleBits {
     pub any_uncached: bool,
     /// Rank 0 asked for a gather.
     pub gather_requested: bool,
+    /// Some ranks have another cache capacity than others: the ranks
+    /// would disagree on the slots (and the bit vector's length) once a
+    /// cache fills.
+    pub cache_capacities_differ: bool,
     /// Slots to invalidate on every rank, ascending.
     pub invalid: Vec<usize>,
     /// Slots every rank has a hit for, ascending.
@@ -98,11 +114,11 @@ impl CycleBits {
     }
 }
 
-/// Word offsets of the groups for one (world size, cache capacity).
+/// Word offsets of the groups for one (world size, cache slots in use).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BitLayout {
     size: usize,
-    capacity: usize,
+    slots: usize,
 }
 
 fn words_for(bits: usize) -> usize {
@@ -133,7 +149,7 @@ fn count_ones(words: &[u64], start: usize, count: usize) -> usize {
 }
 
 /// The set bits among the first `count` of the group at `start`, ascending
-/// (word by word: a cycle's decode costs the set bits, not the capacity).
+/// (word by word: a cycle's decode costs the set bits, not the slots).
 fn ones(words: &[u64], start: usize, count: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(count_ones(words, start, count));
     let group = words.get(start..).unwrap_or(&[]);
@@ -152,22 +168,26 @@ fn ones(words: &[u64], start: usize, count: usize) -> Vec<usize> {
 }
 
 impl BitLayout {
-    /// The layout for `size` ranks and a cache of `capacity` slots.
-    pub fn new(size: usize, capacity: usize) -> Self {
-        BitLayout { size, capacity }
+    /// The layout for `size` ranks and the cache slots `0..slots`.
+    pub fn new(size: usize, slots: usize) -> Self {
+        BitLayout { size, slots }
     }
 
     fn cache_words(&self) -> usize {
-        words_for(self.capacity)
+        words_for(self.slots)
+    }
+
+    fn capacity_and(&self) -> usize {
+        self.cache_words()
     }
 
     fn rank_words(&self) -> usize {
         words_for(self.size)
     }
 
-    /// Start of the OR part (everything after the AND-reduced hit bits).
+    /// Start of the OR part (everything after the AND-reduced words).
     fn or_start(&self) -> usize {
-        self.cache_words()
+        self.capacity_and() + 1
     }
 
     fn shutdown_start(&self) -> usize {
@@ -182,8 +202,12 @@ impl BitLayout {
         self.joined_start() + self.rank_words()
     }
 
-    fn invalid_start(&self) -> usize {
+    fn capacity_or(&self) -> usize {
         self.flags_start() + 1
+    }
+
+    fn invalid_start(&self) -> usize {
+        self.capacity_or() + 1
     }
 
     fn hits_any_start(&self) -> usize {
@@ -195,7 +219,7 @@ impl BitLayout {
         self.hits_any_start() + self.cache_words()
     }
 
-    /// Never true: the flags word is always there.
+    /// Never true: the flags and capacity words are always there.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -204,7 +228,7 @@ impl BitLayout {
     /// dropped).
     pub fn encode(&self, rank: usize, local: &LocalBits) -> Vec<u64> {
         let mut words = vec![0u64; self.len()];
-        for &slot in local.hits.iter().filter(|&&s| s < self.capacity) {
+        for &slot in local.hits.iter().filter(|&&s| s < self.slots) {
             set(&mut words, 0, slot);
             set(&mut words, self.hits_any_start(), slot);
         }
@@ -222,9 +246,12 @@ impl BitLayout {
         if local.gather {
             set(&mut words, self.flags_start(), FLAG_GATHER);
         }
-        for &slot in local.invalid.iter().filter(|&&s| s < self.capacity) {
+        for &slot in local.invalid.iter().filter(|&&s| s < self.slots) {
             set(&mut words, self.invalid_start(), slot);
         }
+        let capacity = local.cache_capacity as u64;
+        words[self.capacity_and()] = capacity;
+        words[self.capacity_or()] = capacity;
         for word in &mut words[self.or_start()..] {
             *word = !*word;
         }
@@ -242,7 +269,7 @@ impl BitLayout {
         };
         let mut words = self.encode(rank, &flags);
         let n = self.cache_words();
-        let last_mask = match self.capacity % 64 {
+        let last_mask = match self.slots % 64 {
             0 => u64::MAX,
             bits => (1u64 << bits) - 1,
         };
@@ -269,22 +296,22 @@ impl BitLayout {
                 .collect()
         };
         let flags = words[self.flags_start()];
-        let hits_all = ones(&words, 0, self.capacity);
+        let hits_all = ones(&words, 0, self.slots);
         CycleBits {
             shutdown_ranks: ranks(self.shutdown_start()),
             joined_ranks: ranks(self.joined_start()),
             any_uncached: flags >> FLAG_UNCACHED & 1 == 1,
             gather_requested: flags >> FLAG_GATHER & 1 == 1,
-            invalid: ones(&words, self.invalid_start(), self.capacity),
+            cache_capacities_differ: words[self.capacity_and()] != words[self.capacity_or()],
+            invalid: ones(&words, self.invalid_start(), self.slots),
             hits_all: hits_all.clone(),
             // Every rank's hit is some rank's: when there are as many of
             // the one as of the other, they are the same (the usual case,
             // without a second pass).
-            hits_any: if count_ones(&words, self.hits_any_start(), self.capacity) == hits_all.len()
-            {
+            hits_any: if count_ones(&words, self.hits_any_start(), self.slots) == hits_all.len() {
                 hits_all
             } else {
-                ones(&words, self.hits_any_start(), self.capacity)
+                ones(&words, self.hits_any_start(), self.slots)
             },
         }
     }
@@ -298,14 +325,24 @@ mod tests {
 
     fn local(cap: usize) -> impl Strategy<Value = LocalBits> {
         let slots = move || prop::collection::vec(0..cap.max(1), 0..6);
-        (any::<[bool; 4]>(), slots(), slots()).prop_map(move |(f, invalid, hits)| LocalBits {
-            shutdown: f[0],
-            joined: f[1],
-            uncached: f[2],
-            gather: f[3],
-            invalid: invalid.into_iter().filter(|&s| s < cap).collect(),
-            hits: hits.into_iter().filter(|&s| s < cap).collect(),
-        })
+        // Mostly one capacity, as a healthy world has; the largest one
+        // takes every bit of its word.
+        let capacity = prop_oneof![
+            4 => Just(1024usize),
+            1 => Just(0usize),
+            1 => Just(crate::response_cache::MAX_CAPACITY),
+        ];
+        (any::<[bool; 4]>(), slots(), slots(), capacity).prop_map(
+            move |(f, invalid, hits, cache_capacity)| LocalBits {
+                shutdown: f[0],
+                joined: f[1],
+                uncached: f[2],
+                gather: f[3],
+                cache_capacity,
+                invalid: invalid.into_iter().filter(|&s| s < cap).collect(),
+                hits: hits.into_iter().filter(|&s| s < cap).collect(),
+            },
+        )
     }
 
     fn sorted<T: Ord + Copy>(items: impl IntoIterator<Item = T>) -> Vec<T> {
@@ -351,6 +388,7 @@ mod tests {
         #[test]
         fn hit_words_encode_like_hit_slots((cap, l) in (0usize..200).prop_flat_map(|cap| (Just(cap), local(cap)))) {
             let layout = BitLayout::new(3, cap);
+            prop_assert_eq!(layout.len(), 3 * cap.div_ceil(64) + 5);
             let mut words = vec![0u64; cap.div_ceil(64)];
             for &slot in &l.hits {
                 words[slot / 64] |= 1 << (slot % 64);
@@ -381,6 +419,8 @@ mod tests {
             prop_assert_eq!(bits.joined_ranks, ranks(|l| l.joined));
             prop_assert_eq!(bits.any_uncached, locals.iter().any(|l| l.uncached));
             prop_assert_eq!(bits.gather_requested, locals.iter().any(|l| l.gather));
+            let first = locals[0].cache_capacity;
+            prop_assert_eq!(bits.cache_capacities_differ, locals.iter().any(|l| l.cache_capacity != first));
             prop_assert_eq!(bits.invalid, sorted(locals.iter().flat_map(|l| l.invalid.iter().copied())));
             prop_assert_eq!(bits.hits_any, sorted(locals.iter().flat_map(|l| l.hits.iter().copied())));
             let all: Vec<usize> = (0..cap).filter(|s| locals.iter().all(|l| l.hits.contains(s))).collect();

@@ -3,10 +3,14 @@
 use std::time::Duration;
 
 /// Settings of the negotiation. Every rank must use the same values (the
-/// cache capacity sizes the bit vector every rank contributes).
+/// ranks' caches must fill and evict alike; a cycle fails on every rank
+/// with [`crate::CoordinatorError::CacheCapacityMismatch`] when the
+/// capacities differ).
 #[derive(Clone, Debug)]
 pub struct CoordinatorConfig {
-    /// Response-cache entries; 0 disables the cache.
+    /// Response-cache entries; 0 disables the cache. Nothing is allocated
+    /// by it: memory and the per-cycle bit vector grow with the entries
+    /// used (clamped to [`crate::response_cache::MAX_CAPACITY`]).
     pub cache_capacity: usize,
     /// Warn about tensors that some ranks submitted and others did not after
     /// this long; `None` disables the warning.

@@ -50,7 +50,6 @@ pub struct Coordinator {
     rank: usize,
     size: usize,
     config: CoordinatorConfig,
-    layout: BitLayout,
     names: Names,
     cache: ResponseCache,
     pending: PendingRequests,
@@ -74,10 +73,9 @@ impl Coordinator {
         Coordinator {
             rank,
             size,
-            layout: BitLayout::new(size, config.cache_capacity),
             names: Names::new(),
             cache: ResponseCache::new(config.cache_capacity),
-            pending: PendingRequests::new(rank as u32, config.cache_capacity),
+            pending: PendingRequests::new(rank as u32),
             config,
             rank0,
         }
@@ -242,14 +240,22 @@ impl Coordinator {
             joined: self.pending.joined(),
             uncached: self.pending.has_uncached(),
             gather: gather_wanted,
+            cache_capacity: self.cache.capacity(),
             invalid,
             hits: Vec::new(),
         };
-        let mut words = self
-            .layout
-            .encode_with_hits(self.rank, &local, self.pending.hit_words());
+        // The slots in use are the same on every rank (the cache changes
+        // only with the agreed sequence): so is the vector's length.
+        let layout = BitLayout::new(self.size, self.cache.extent());
+        let mut words = layout.encode_with_hits(self.rank, &local, self.pending.hit_words());
         ctrl.bitwise_allreduce(&mut words, BitOp::And)?;
-        let bits = self.layout.decode(&words);
+        let bits = layout.decode(&words);
+        if bits.cache_capacities_differ {
+            return Err(CoordinatorError::CacheCapacityMismatch {
+                rank: self.rank,
+                capacity: self.cache.capacity(),
+            });
+        }
 
         let joined_any = bits.any_joined();
         let everyone_joined = bits.everyone_joined(self.size);

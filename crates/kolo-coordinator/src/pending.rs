@@ -122,7 +122,8 @@ pub struct PendingRequests {
     ids: Vec<IdState>,
     /// Number of ids in flight.
     in_flight_count: usize,
-    /// The tensor waiting on each cache slot's bit.
+    /// The tensor waiting on each cache slot's bit, over the cache's
+    /// slots in use (grown with its extent, never sized by its capacity).
     hits: Vec<Option<TensorId>>,
     /// The same as a bit set (the words this rank contributes).
     hit_words: Vec<u64>,
@@ -228,14 +229,22 @@ impl WordFill {
 }
 
 impl PendingRequests {
-    /// Nothing pending for `rank`, with room for the bits of a cache of
-    /// `capacity` slots.
-    pub fn new(rank: u32, capacity: usize) -> Self {
+    /// Nothing pending for `rank`. The tables of cache slots grow with the
+    /// cache's slots in use as requests are taken in.
+    pub fn new(rank: u32) -> Self {
         PendingRequests {
             rank,
-            hits: vec![None; capacity],
-            hit_words: vec![0; capacity.div_ceil(64)],
             ..Self::default()
+        }
+    }
+
+    /// Grows the tables of cache slots to `cache`'s slots in use (which
+    /// never shrink), so that every slot a lookup returns has its entry.
+    fn fit(&mut self, cache: &ResponseCache) {
+        let slots = cache.extent();
+        if self.hits.len() < slots {
+            self.hits.resize(slots, None);
+            self.hit_words.resize(slots.div_ceil(64), 0);
         }
     }
 
@@ -378,6 +387,7 @@ impl PendingRequests {
         cache: &ResponseCache,
     ) -> Vec<usize> {
         self.materialize();
+        self.fit(cache);
         let mut invalid = Vec::new();
         let generation = cache.generation();
         // The fast path keeps its counts and the bit word it is filling in
@@ -434,6 +444,7 @@ impl PendingRequests {
     /// by request, and remembered if every request hit.
     pub fn intake_group(&mut self, ids: &Arc<[TensorId]>, cache: &ResponseCache) -> Vec<usize> {
         self.materialize();
+        self.fit(cache);
         let idle = self.in_flight_count == 0
             && self.hit_count == 0
             && self.outbox.is_empty()
@@ -753,7 +764,7 @@ mod tests {
     #[test]
     fn hits_wait_misses_and_mismatches_go_to_rank_zero() {
         let cache = cache_with(&[0, 1]);
-        let mut p = PendingRequests::new(1, 4);
+        let mut p = PendingRequests::new(1);
         let invalid = p.intake(vec![sub(0, 2), sub(1, 3), sub(2, 2)], &cache);
         assert_eq!(invalid, vec![1]);
         assert_eq!(p.hit_slots(), vec![0]);
@@ -768,7 +779,7 @@ mod tests {
     #[test]
     fn eviction_and_invalidation_reroute() {
         let mut cache = cache_with(&[0, 1]);
-        let mut p = PendingRequests::new(1, 4);
+        let mut p = PendingRequests::new(1);
         p.intake(vec![sub(0, 2), sub(1, 2)], &cache);
         cache.erase(0);
         p.revalidate(&cache);
@@ -785,7 +796,7 @@ mod tests {
     #[test]
     fn joined_world_sends_everything_and_agreed_settles() {
         let cache = cache_with(&[0, 1]);
-        let mut p = PendingRequests::new(1, 4);
+        let mut p = PendingRequests::new(1);
         p.intake(vec![sub(0, 2), sub(1, 2)], &cache);
         assert_eq!(p.settle_hit(0), Some(TensorId(0)));
         assert_eq!(p.hit_slots(), vec![1]);
@@ -806,7 +817,7 @@ mod tests {
     #[test]
     fn repeats_hit_without_parameters_until_the_cache_changes() {
         let mut cache = cache_with(&[0, 1]);
-        let mut p = PendingRequests::new(1, 4);
+        let mut p = PendingRequests::new(1);
         p.intake(vec![sub(0, 2), sub(1, 2)], &cache);
         assert_eq!(p.hit_slots(), vec![0, 1]);
         p.settle_hit(0);
@@ -828,7 +839,7 @@ mod tests {
         assert_eq!(p.params(TensorId(0)), Some(&params(5)));
         assert!(p.hit_slots().is_empty());
         // A repeat of an id never submitted goes to rank 0, unnamed.
-        let mut fresh = PendingRequests::new(1, 4);
+        let mut fresh = PendingRequests::new(1);
         fresh.intake(vec![repeat(3)], &cache);
         assert_eq!(fresh.take_outbox(&Names::new())[0].tensor_name, "");
     }
@@ -836,7 +847,7 @@ mod tests {
     #[test]
     fn duplicates_and_joins_go_to_rank_zero() {
         let cache = cache_with(&[0]);
-        let mut p = PendingRequests::new(1, 4);
+        let mut p = PendingRequests::new(1);
         p.intake(vec![sub(0, 2)], &cache);
         p.intake(
             vec![
@@ -891,7 +902,7 @@ mod tests {
     fn a_repeated_group_goes_in_and_out_as_one_until_something_changes() {
         let count = 8;
         let (_, cache) = many_cached(count);
-        let mut p = PendingRequests::new(1, count as usize);
+        let mut p = PendingRequests::new(1);
         p.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
         p.settle_hits(&(0..count as usize).collect::<Vec<_>>(), &mut Vec::new());
         let group: Arc<[TensorId]> = [5, 1, 3].iter().map(|&id| TensorId(id)).collect();
@@ -959,7 +970,7 @@ mod tests {
         ) {
             let count = 96;
             let (names, cache) = many_cached(count);
-            let mut warm = PendingRequests::new(1, count as usize);
+            let mut warm = PendingRequests::new(1);
             // Every tensor once with its parameters: hits that leave each
             // id's slot remembered.
             warm.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
@@ -1019,7 +1030,7 @@ mod tests {
         ) {
             let count = 48;
             let (names, cache) = many_cached(count);
-            let mut warm = PendingRequests::new(1, count as usize);
+            let mut warm = PendingRequests::new(1);
             warm.intake((0..count).map(|id| sub(id, 2)).collect::<Vec<_>>(), &cache);
             let all: Vec<usize> = (0..count as usize).collect();
             warm.settle_hits(&all, &mut Vec::new());

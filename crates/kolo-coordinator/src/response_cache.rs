@@ -16,7 +16,14 @@
 //! by [`TensorId`], a parameter comparison, a least-recently-used list
 //! linked through the slots (O(1) touch and eviction), and responses
 //! shared (`Arc`), not copied.
+//!
+//! Nothing is sized by the capacity: the slots are handed out lowest first
+//! and the cache's tables grow with them, so its memory and the length of
+//! each cycle's bit vector follow the slots in use ([`ResponseCache::extent`],
+//! the same on every rank), not the capacity, which only says when to
+//! start evicting.
 
+use crate::lru::Lru;
 use crate::names::TensorId;
 use kolo_protocol::{Params, Response};
 use std::collections::{BTreeSet, HashMap};
@@ -46,95 +53,18 @@ struct Entry {
     params: Option<Params>,
 }
 
-/// Links of the least-recently-used list, through the slots: index
-/// `capacity` is the list's head and tail sentinel.
-#[derive(Clone, Debug, Default)]
-struct Lru {
-    prev: Vec<usize>,
-    next: Vec<usize>,
-    /// Bumped by every change of the order.
-    changes: u64,
-    /// The slots of the last [`ResponseCache::touch_all`], and `changes`
-    /// right after it: while the order is unchanged since, those slots
-    /// are still the most recently used, in that order.
-    touched: (u64, Vec<usize>),
-}
+/// The largest capacity a cache takes (larger ones are clamped to it):
+/// slots are numbered in `u32`s, `u32::MAX` meaning "none".
+pub const MAX_CAPACITY: usize = u32::MAX as usize;
 
-impl Lru {
-    fn new(capacity: usize) -> Self {
-        let sentinel = capacity;
-        Lru {
-            prev: vec![sentinel; capacity + 1],
-            next: vec![sentinel; capacity + 1],
-            changes: 0,
-            touched: (0, Vec::new()),
-        }
-    }
-
-    fn sentinel(&self) -> usize {
-        self.next.len() - 1
-    }
-
-    fn unlink(&mut self, slot: usize) {
-        self.changes += 1;
-        let (p, n) = (self.prev[slot], self.next[slot]);
-        self.next[p] = n;
-        self.prev[n] = p;
-    }
-
-    /// Appends `slot` as the most recently used.
-    fn push_back(&mut self, slot: usize) {
-        self.changes += 1;
-        let s = self.sentinel();
-        let last = self.prev[s];
-        self.next[last] = slot;
-        self.prev[slot] = last;
-        self.next[slot] = s;
-        self.prev[s] = slot;
-    }
-
-    /// True when `slots` were the last ones touched and the order has not
-    /// changed since: they are still the most recently used, in order.
-    fn touched_last(&self, slots: &[usize]) -> bool {
-        self.touched.0 == self.changes && self.touched.1 == slots
-    }
-
-    /// Remembers `slots` as the most recently used ones, in order.
-    fn remember_touched(&mut self, slots: &[usize]) {
-        self.touched.1.clear();
-        self.touched.1.extend_from_slice(slots);
-        self.touched.0 = self.changes;
-    }
-
-    /// True when the most recently used slots are `slots`, oldest first.
-    fn ends_with(&self, slots: &[usize]) -> bool {
-        let mut at = self.prev[self.sentinel()];
-        for &slot in slots.iter().rev() {
-            if at != slot {
-                return false;
-            }
-            at = self.prev[at];
-        }
-        true
-    }
-
-    /// The least recently used slot for which `eligible` holds.
-    fn first_where(&self, eligible: impl Fn(usize) -> bool) -> Option<usize> {
-        let mut slot = self.next[self.sentinel()];
-        while slot != self.sentinel() {
-            if eligible(slot) {
-                return Some(slot);
-            }
-            slot = self.next[slot];
-        }
-        None
-    }
-}
-
-/// A fixed-capacity cache of responses with deterministic slot assignment and
+/// A bounded cache of responses with deterministic slot assignment and
 /// least-recently-used eviction.
 #[derive(Clone, Debug)]
 pub struct ResponseCache {
+    /// The most slots the cache hands out.
+    capacity: usize,
+    /// The slots handed out so far, `0..extent`: occupied, or emptied
+    /// since (then in `free`).
     slots: Vec<Option<Entry>>,
     /// The response of each occupied slot, apart from the rest of the
     /// entry: a cycle's hits read only these, densely.
@@ -142,7 +72,7 @@ pub struct ResponseCache {
     by_name: HashMap<Arc<str>, usize>,
     /// Slot of each of this rank's ids.
     by_id: Vec<Option<usize>>,
-    /// The empty slots, lowest first.
+    /// The slots handed out and emptied since, lowest first.
     free: BTreeSet<usize>,
     /// The occupied slots, least recently used first.
     lru: Lru,
@@ -161,22 +91,33 @@ impl Default for ResponseCache {
 }
 
 impl ResponseCache {
-    /// A cache of `capacity` slots; 0 makes a cache that stores nothing.
+    /// A cache of at most `capacity` slots (clamped to [`MAX_CAPACITY`]);
+    /// 0 makes a cache that stores nothing. Allocates nothing up front.
     pub fn new(capacity: usize) -> Self {
         ResponseCache {
-            slots: vec![None; capacity],
-            responses: vec![None; capacity],
+            capacity: capacity.min(MAX_CAPACITY),
+            slots: Vec::new(),
+            responses: Vec::new(),
             by_name: HashMap::new(),
             by_id: Vec::new(),
-            free: (0..capacity).collect(),
-            lru: Lru::new(capacity),
+            free: BTreeSet::new(),
+            lru: Lru::default(),
             generation: 0,
             pinned: Vec::new(),
         }
     }
 
-    /// Number of slots.
+    /// The most slots the cache holds.
     pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The slots handed out so far: every slot in use is below it. It
+    /// grows by one with each insert that finds no emptied slot to reuse,
+    /// up to the capacity, and never shrinks; it changes only with
+    /// [`ResponseCache::insert`], so it is the same on every rank, and
+    /// each cycle's bit vector covers these slots.
+    pub fn extent(&self) -> usize {
         self.slots.len()
     }
 
@@ -311,7 +252,7 @@ impl ResponseCache {
         response: Arc<Response>,
         params: Option<Params>,
     ) -> Option<usize> {
-        if self.slots.is_empty() {
+        if self.capacity == 0 {
             return None;
         }
         let slot = match self.by_name.get(&**name) {
@@ -320,8 +261,17 @@ impl ResponseCache {
                 self.unmap_id(slot);
                 slot
             }
+            // Every slot not handed out yet is above every emptied one:
+            // the lowest empty slot is the lowest emptied one, if any.
             None => match self.free.pop_first() {
                 Some(free) => free,
+                None if self.slots.len() < self.capacity => {
+                    let fresh = self.slots.len();
+                    self.slots.push(None);
+                    self.responses.push(None);
+                    self.lru.grow(fresh + 1);
+                    fresh
+                }
                 None => {
                     let victim = self.lru.first_where(|slot| !self.is_pinned(slot))?;
                     self.erase(victim);

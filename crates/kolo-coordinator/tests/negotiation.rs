@@ -126,7 +126,8 @@ fn workload_a() -> impl Strategy<Value = (usize, usize, Vec<Tensor>, Vec<Vec<Ran
     (
         2usize..=4,
         prop::collection::vec(tensor, 1..8),
-        prop::sample::select(vec![0usize, 2, 16]),
+        // A huge capacity allocates nothing by it and behaves as a large one.
+        prop::sample::select(vec![0usize, 2, 16, 1_000_000_000]),
     )
         .prop_flat_map(|(size, tensors, capacity)| {
             let n = tensors.len();
@@ -216,8 +217,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     /// Multi-step workloads with repeated names, changing shapes, shape
-    /// mismatches and a cache too small to hold them all: caches of 0, 2 and
-    /// 64 slots give the same responses (names and parameters) every step,
+    /// mismatches and a cache too small to hold them all: caches of 0, 2,
+    /// 64 and 10^9 slots give the same responses (names and parameters) every step,
     /// and every rank the same sequence.
     #[test]
     fn cache_changes_nothing((size, steps) in workload_b()) {
@@ -232,7 +233,7 @@ proptest! {
         for rank_result in &reference[1..] {
             prop_assert_eq!(rank_result, &reference[0]);
         }
-        for capacity in [2, 64] {
+        for capacity in [2, 64, 1_000_000_000] {
             let cached = run_steps(size, capacity, &plans, &chosen, &request);
             for rank_result in &cached[1..] {
                 prop_assert_eq!(rank_result, &cached[0]);
@@ -246,7 +247,7 @@ fn workload_join() -> impl Strategy<Value = (usize, usize, usize, Vec<usize>, Ve
     (
         2usize..=4,
         1usize..4,
-        prop::sample::select(vec![0usize, 2, 64]),
+        prop::sample::select(vec![0usize, 2, 64, 1_000_000_000]),
     )
         .prop_flat_map(|(size, per_step, capacity)| {
             (

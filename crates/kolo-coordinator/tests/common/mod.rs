@@ -34,6 +34,8 @@ pub struct FakeController {
     pub corrupt_gather: bool,
     /// Number of `bitwise_allreduce` calls made.
     pub bitwise_calls: usize,
+    /// The words of the last `bitwise_allreduce`.
+    pub bitwise_words: usize,
     /// Number of `gather_bytes` calls made.
     pub gather_calls: usize,
 }
@@ -54,6 +56,7 @@ pub fn world(size: usize) -> Vec<FakeController> {
             shared: shared.clone(),
             corrupt_gather: false,
             bitwise_calls: 0,
+            bitwise_words: 0,
             gather_calls: 0,
         })
         .collect()
@@ -136,6 +139,7 @@ impl Controller for FakeController {
 
     fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
         self.bitwise_calls += 1;
+        self.bitwise_words = words.len();
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let all = self.exchange(&bytes)?;
         for (rank, other) in all.iter().enumerate() {

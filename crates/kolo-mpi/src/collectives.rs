@@ -3,13 +3,12 @@
 //! average as sum then scale.
 
 use crate::comm::MpiComm;
-use crate::raw::{check, counts_displs, recv_ptr, send_ptr, to_int};
+use crate::raw::{collective, counts_displs, p2p};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{
     Collectives, Element, Result, Scale, Topology, Transaction, TransportError, TxOp,
 };
-use mpi::ffi;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 
 /// Elements per MPI call for operations split into chunks (MPI counts are ints).
 const MAX_CHUNK: usize = (c_int::MAX as usize) / 2;
@@ -49,71 +48,40 @@ impl Collectives for MpiComm {
     fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
         let peer = self.check_peer(peer, "send")?;
         let tag = self.check_tag(tag)?;
-        let count = to_int(buf.len(), "send")?;
-        // SAFETY: `buf` holds `count` elements of the datatype matching T.
-        check(
-            unsafe {
-                ffi::MPI_Send(
-                    send_ptr(buf),
-                    count,
-                    self.types.datatype(T::DTYPE),
-                    peer,
-                    tag,
-                    self.data,
-                )
-            },
-            "MPI_Send",
-        )
+        let dtype = self.types.datatype(T::DTYPE);
+        // SAFETY: the data communicator and `dtype` (T's datatype) are live
+        // while `self` is.
+        unsafe { p2p::send(buf, dtype, peer, tag, self.data.handle()) }
     }
 
     fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
         let peer_c = self.check_peer(peer, "recv")?;
         let tag_c = self.check_tag(tag)?;
         let dtype = self.types.datatype(T::DTYPE);
+        let comm = self.data.handle();
         // Probe first so a message of another length is reported, not truncated.
-        // SAFETY: MPI_Status is plain data that MPI_Probe fills in.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        // SAFETY: valid communicator and status out-pointer.
-        check(
-            unsafe { ffi::MPI_Probe(peer_c, tag_c, self.data, &mut status) },
-            "MPI_Probe",
-        )?;
-        let mut incoming: c_int = 0;
-        // SAFETY: `status` was filled by MPI_Probe.
-        check(
-            unsafe { ffi::MPI_Get_count(&status, dtype, &mut incoming) },
-            "MPI_Get_count",
-        )?;
+        // SAFETY: the data communicator and `dtype` are live while `self` is;
+        // the status comes from the probe.
+        let incoming = unsafe {
+            let status = p2p::probe(peer_c, tag_c, comm)?;
+            p2p::get_count(&status, dtype)?
+        };
         let incoming = incoming.max(0) as usize;
-        let mismatch = incoming != buf.len();
+        let expected = buf.len();
+        let mismatch = incoming != expected;
         let mut scratch = Vec::new();
-        let target: *mut c_void = if mismatch {
+        let target: &mut [T] = if mismatch {
             // Consume the message so the pair stays in step, then report.
             scratch.resize(incoming, T::default());
-            recv_ptr(&mut scratch)
+            &mut scratch
         } else {
-            recv_ptr(buf)
+            buf
         };
-        let count = to_int(incoming, "recv")?;
-        // SAFETY: `target` holds `incoming` elements of T, the probed size.
-        check(
-            unsafe {
-                ffi::MPI_Recv(
-                    target,
-                    count,
-                    dtype,
-                    peer_c,
-                    tag_c,
-                    self.data,
-                    ffi::RSMPI_STATUS_IGNORE,
-                )
-            },
-            "MPI_Recv",
-        )?;
+        // SAFETY: as above; `target` has room for the probed message.
+        unsafe { p2p::recv(target, dtype, peer_c, tag_c, comm) }?;
         if mismatch {
             return Err(TransportError::InvalidArgument(format!(
-                "recv from rank {peer} with tag {tag}: expected {} elements, the message holds {incoming}",
-                buf.len()
+                "recv from rank {peer} with tag {tag}: expected {expected} elements, the message holds {incoming}"
             )));
         }
         Ok(())
@@ -131,30 +99,9 @@ impl Collectives for MpiComm {
         let src = self.check_peer(src, "sendrecv")?;
         let tag = self.check_tag(tag)?;
         let dtype = self.types.datatype(T::DTYPE);
-        let (sc, rc) = (
-            to_int(send.len(), "sendrecv")?,
-            to_int(recv.len(), "sendrecv")?,
-        );
-        // SAFETY: both buffers hold the element counts passed.
-        check(
-            unsafe {
-                ffi::MPI_Sendrecv(
-                    send_ptr(send),
-                    sc,
-                    dtype,
-                    dst,
-                    tag,
-                    recv_ptr(recv),
-                    rc,
-                    dtype,
-                    src,
-                    tag,
-                    self.data,
-                    ffi::RSMPI_STATUS_IGNORE,
-                )
-            },
-            "MPI_Sendrecv",
-        )
+        // SAFETY: the data communicator and `dtype` (T's datatype) are live
+        // while `self` is.
+        unsafe { p2p::sendrecv(send, dst, recv, src, dtype, tag, self.data.handle()) }
     }
 
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
@@ -164,20 +111,10 @@ impl Collectives for MpiComm {
         let dtype = self.types.datatype(T::DTYPE);
         let mpi_op = self.types.op(T::DTYPE, op)?;
         for chunk in buf.chunks_mut(MAX_CHUNK) {
-            // SAFETY: in place over `chunk.len()` (< int max) elements of T.
-            check(
-                unsafe {
-                    ffi::MPI_Allreduce(
-                        self.in_place,
-                        recv_ptr(chunk),
-                        chunk.len() as c_int,
-                        dtype,
-                        mpi_op,
-                        self.data,
-                    )
-                },
-                "MPI_Allreduce",
-            )?;
+            // SAFETY: the data communicator, `dtype` and `mpi_op` (T's) are
+            // live while `self` is; every rank splits the same length into
+            // the same chunks.
+            unsafe { collective::allreduce_in_place(chunk, dtype, mpi_op, self.data.handle()) }?;
         }
         let post = self.post_factor(op, scale);
         if post != 1.0 {
@@ -197,41 +134,18 @@ impl Collectives for MpiComm {
         check_len("allgatherv", "recv", recv.len(), total)?;
         let (c, d) = counts_displs(counts, "allgatherv")?;
         let dtype = self.types.datatype(T::DTYPE);
-        // SAFETY: lengths checked against `counts` above.
-        check(
-            unsafe {
-                ffi::MPI_Allgatherv(
-                    send_ptr(send),
-                    c[self.rank()],
-                    dtype,
-                    recv_ptr(recv),
-                    c.as_ptr(),
-                    d.as_ptr(),
-                    dtype,
-                    self.data,
-                )
-            },
-            "MPI_Allgatherv",
-        )
+        // SAFETY: the handles are live while `self` is; one count per rank,
+        // and the lengths were checked against them above.
+        unsafe { collective::allgatherv(send, recv, &c, &d, dtype, self.data.handle()) }
     }
 
     fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
         let root = self.check_peer(root, "broadcast root")?;
         let dtype = self.types.datatype(T::DTYPE);
         for chunk in buf.chunks_mut(MAX_CHUNK) {
-            // SAFETY: `chunk.len()` elements of T in place.
-            check(
-                unsafe {
-                    ffi::MPI_Bcast(
-                        recv_ptr(chunk),
-                        chunk.len() as c_int,
-                        dtype,
-                        root,
-                        self.data,
-                    )
-                },
-                "MPI_Bcast",
-            )?;
+            // SAFETY: the handles are live while `self` is; every rank
+            // splits the same length into the same chunks.
+            unsafe { collective::bcast(chunk, dtype, root, self.data.handle()) }?;
         }
         Ok(())
     }
@@ -259,20 +173,9 @@ impl Collectives for MpiComm {
         };
         let dtype = self.types.datatype(T::DTYPE);
         let mpi_op = self.types.op(T::DTYPE, op)?;
-        // SAFETY: `input` holds sum(counts) elements, `recv` counts[rank].
-        check(
-            unsafe {
-                ffi::MPI_Reduce_scatter(
-                    send_ptr(input),
-                    recv_ptr(recv),
-                    c.as_ptr(),
-                    dtype,
-                    mpi_op,
-                    self.data,
-                )
-            },
-            "MPI_Reduce_scatter",
-        )?;
+        // SAFETY: the handles are live while `self` is; one count per rank,
+        // `input` holds their sum and `recv` this rank's (checked above).
+        unsafe { collective::reduce_scatter(input, recv, &c, dtype, mpi_op, self.data.handle()) }?;
         let post = self.post_factor(op, scale);
         if post != 1.0 {
             T::scale(recv, post);
@@ -294,28 +197,14 @@ impl Collectives for MpiComm {
         let (sc, sd) = counts_displs(send_counts, "alltoallv")?;
         let (rc, rd) = counts_displs(recv_counts, "alltoallv")?;
         let dtype = self.types.datatype(T::DTYPE);
-        // SAFETY: buffer lengths checked against the counts above.
-        check(
-            unsafe {
-                ffi::MPI_Alltoallv(
-                    send_ptr(send),
-                    sc.as_ptr(),
-                    sd.as_ptr(),
-                    dtype,
-                    recv_ptr(recv),
-                    rc.as_ptr(),
-                    rd.as_ptr(),
-                    dtype,
-                    self.data,
-                )
-            },
-            "MPI_Alltoallv",
-        )
+        // SAFETY: the handles are live while `self` is; one count per rank
+        // on each side, and the buffers hold their sums (checked above).
+        unsafe { collective::alltoallv(send, &sc, &sd, recv, &rc, &rd, dtype, self.data.handle()) }
     }
 
     fn barrier(&mut self) -> Result<()> {
-        // SAFETY: a barrier on our data communicator.
-        check(unsafe { ffi::MPI_Barrier(self.data) }, "MPI_Barrier")
+        // SAFETY: the data communicator is live while `self` is.
+        unsafe { collective::barrier(self.data.handle()) }
     }
 
     /// Collectives in scheduled order, then every receive and send posted
@@ -342,59 +231,50 @@ impl Collectives for MpiComm {
                 other => p2p.push(other),
             }
         }
-        let dtype = self.types.datatype(T::DTYPE);
-        // SAFETY: MPI_Request is a plain handle MPI overwrites.
-        let mut requests: Vec<ffi::MPI_Request> = Vec::with_capacity(p2p.len());
-        let mut post = |result: c_int, req: ffi::MPI_Request, what: &str| -> Result<()> {
-            check(result, what)?;
-            requests.push(req);
-            Ok(())
-        };
-        // Receives are posted before sends so every send finds its match.
-        let mut ordered: Vec<TxOp<'_, T>> = Vec::with_capacity(p2p.len());
-        let (recvs, sends): (Vec<_>, Vec<_>) = p2p
-            .into_iter()
-            .partition(|o| matches!(o, TxOp::Recv { .. }));
-        ordered.extend(recvs);
-        ordered.extend(sends);
-        for op in &mut ordered {
-            // SAFETY: a request handle is plain data that MPI fills in.
-            let mut req: ffi::MPI_Request = unsafe { std::mem::zeroed() };
+        // Every peer and tag is checked before anything is posted, so a bad
+        // one fails the transaction before MPI holds any of its buffers.
+        let mut recvs = Vec::new();
+        let mut sends = Vec::new();
+        for op in p2p {
             match op {
                 TxOp::Recv { buf, peer, tag } => {
-                    let (p, t, n) = (
-                        self.check_peer(*peer, "recv")?,
-                        self.check_tag(*tag)?,
-                        to_int(buf.len(), "recv")?,
-                    );
-                    // SAFETY: `buf` outlives the Waitall below (it borrows
-                    // from `ordered`, alive until this function returns).
-                    let rc = unsafe {
-                        ffi::MPI_Irecv(recv_ptr(buf), n, dtype, p, t, self.data, &mut req)
-                    };
-                    post(rc, req, "MPI_Irecv")?;
+                    recvs.push((buf, self.check_peer(peer, "recv")?, self.check_tag(tag)?));
                 }
                 TxOp::Send { buf, peer, tag } => {
-                    let (p, t, n) = (
-                        self.check_peer(*peer, "send")?,
-                        self.check_tag(*tag)?,
-                        to_int(buf.len(), "send")?,
-                    );
-                    // SAFETY: as above; `buf` is alive until Waitall returns.
-                    let rc = unsafe {
-                        ffi::MPI_Isend(send_ptr(buf), n, dtype, p, t, self.data, &mut req)
-                    };
-                    post(rc, req, "MPI_Isend")?;
+                    sends.push((buf, self.check_peer(peer, "send")?, self.check_tag(tag)?));
                 }
-                _ => unreachable!("collectives ran above"),
+                TxOp::ReduceScatter { .. } | TxOp::AllGather { .. } => {}
             }
         }
-        let n = to_int(requests.len(), "transaction")?;
-        // SAFETY: every request was returned by MPI_Isend / MPI_Irecv and the
-        // buffers they use are alive.
-        check(
-            unsafe { ffi::MPI_Waitall(n, requests.as_mut_ptr(), ffi::RSMPI_STATUSES_IGNORE) },
-            "MPI_Waitall",
-        )
+        let dtype = self.types.datatype(T::DTYPE);
+        let comm = self.data.handle();
+        let mut requests = Vec::with_capacity(recvs.len() + sends.len());
+        // Receives are posted before sends so every send finds its match.
+        let receives = recvs.iter_mut().map(|(buf, peer, tag)| {
+            // SAFETY: the handles are live while `self` is; `buf` stays
+            // borrowed by `recvs`, untouched, until the requests complete
+            // in `p2p::waitall` below, on every path out of this function.
+            unsafe { p2p::irecv(buf, dtype, *peer, *tag, comm) }
+        });
+        let sending = sends.iter().map(|(buf, peer, tag)| {
+            // SAFETY: as above, `buf` borrowed by `sends`.
+            unsafe { p2p::isend(buf, dtype, *peer, *tag, comm) }
+        });
+        for posted in receives.chain(sending) {
+            match posted {
+                Ok(request) => requests.push(request),
+                Err(e) => {
+                    // The buffers go back to the caller: MPI must be done
+                    // with what it already holds.
+                    // SAFETY: each request came from the posts above and is
+                    // completed here once.
+                    let _ = unsafe { p2p::waitall(&mut requests) };
+                    return Err(e);
+                }
+            }
+        }
+        // SAFETY: each request came from the posts above and is completed
+        // here once.
+        unsafe { p2p::waitall(&mut requests) }
     }
 }

@@ -1,30 +1,24 @@
 //! `MpiComm`: one rank's MPI communicators — a private duplicate of the world
 //! for the control plane, another for the data plane — and its topology.
 
+use crate::communicator::Communicator;
 use crate::datatype::Types;
 use crate::error::MpiError;
-use crate::raw::check;
+use crate::raw;
 use crate::runtime::{Runtime, ThreadLevel};
 use kolo_transport::{Result, Topology, TransportError};
-use mpi::ffi::{self, MPI_Comm};
 use mpi::traits::AsRaw;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 use std::sync::Arc;
-
-extern "C" {
-    fn kolo_mpi_in_place() -> *mut c_void;
-    fn kolo_mpi_tag_ub_key() -> c_int;
-}
 
 /// One rank of an MPI job, implementing kolo's control plane and host data
 /// plane. Create it with [`MpiComm::init`] (once per process).
 pub struct MpiComm {
     // Field order matters: MPI objects are freed before MPI is finalised.
     pub(crate) types: Types,
-    pub(crate) control: MPI_Comm,
-    pub(crate) data: MPI_Comm,
-    pub(crate) in_place: *mut c_void,
-    pub(crate) tag_ub: u32,
+    pub(crate) control: Communicator,
+    pub(crate) data: Communicator,
+    tag_ub: u32,
     rank: usize,
     size: usize,
     local_rank: usize,
@@ -40,7 +34,7 @@ unsafe impl Send for MpiComm {}
 
 impl MpiComm {
     /// Initialises MPI on the calling thread and returns this process's
-    /// rank. Requests `MPI_THREAD_MULTIPLE`, or `MPI_THREAD_FUNNELED` when
+    /// rank of the world. Requests `MPI_THREAD_MULTIPLE`, or `MPI_THREAD_FUNNELED` when
     /// `threads_disable` (kolo's `KOLO_MPI_THREADS_DISABLE=1`); with anything
     /// below MULTIPLE, use the communicator only from this thread.
     pub fn init(threads_disable: bool) -> Result<MpiComm> {
@@ -48,18 +42,18 @@ impl MpiComm {
         let world = runtime
             .world()
             .ok_or_else(|| TransportError::Backend("MPI world communicator unavailable".into()))?;
-        let world = world.as_raw();
-        let control = dup(world)?;
-        let data = dup(world)?;
-        let ((rank, size), (local_rank, local_size)) = topology(data)?;
-        // SAFETY: the shim returns MPI's own constants.
-        let (in_place, tag_ub_key) = unsafe { (kolo_mpi_in_place(), kolo_mpi_tag_ub_key()) };
-        let tag_ub = tag_upper_bound(world, tag_ub_key)?;
+        let control = Communicator::duplicate_world(&world)?;
+        let data = Communicator::duplicate_world(&world)?;
+        let ((rank, size), (local_rank, local_size)) = data.topology()?;
+        // SAFETY: rsmpi's world is live while `runtime` holds the universe.
+        let tag_ub = unsafe { raw::comm::tag_ub(world.as_raw()) }?
+            // The standard's guaranteed minimum.
+            .unwrap_or(32767)
+            .max(0) as u32;
         Ok(MpiComm {
             types: Types::create()?,
             control,
             data,
-            in_place,
             tag_ub,
             rank,
             size,
@@ -104,19 +98,12 @@ impl MpiComm {
         // Datatypes are local (not collective): made first, so a failure
         // here leaves no rank waiting in a collective.
         let types = Types::create()?;
-        let control = dup(self.control)?;
-        let data = match dup(self.data) {
-            Ok(data) => data,
-            Err(e) => {
-                free_comm(control);
-                return Err(e.into());
-            }
-        };
+        let control = self.control.duplicate()?;
+        let data = self.data.duplicate()?;
         Ok(MpiComm {
             types,
             control,
             data,
-            in_place: self.in_place,
             tag_ub: self.tag_ub,
             rank: self.rank,
             size: self.size,
@@ -152,28 +139,18 @@ impl MpiComm {
         key: i32,
     ) -> std::result::Result<Option<MpiComm>, MpiError> {
         let valid = color.map(c_int::try_from).transpose();
-        // SAFETY: reading MPI's constant.
-        let undefined = unsafe { ffi::RSMPI_UNDEFINED };
-        let mpi_color = match valid {
-            Ok(Some(c)) => c,
-            Ok(None) | Err(_) => undefined,
-        };
+        // A color MPI cannot take joins as no color, so the other ranks
+        // still get their communicators.
+        let mpi_color = valid.unwrap_or(None);
         // Datatypes are local (not collective): made first, so a failure
         // here leaves no rank waiting in a collective.
         let types = Types::create()?;
-        let control = split(self.control, mpi_color, key)?;
-        let data = match split(self.data, mpi_color, key) {
-            Ok(data) => data,
-            Err(e) => {
-                control.into_iter().for_each(free_comm);
-                return Err(e.into());
-            }
-        };
+        let control = self.control.split(mpi_color, key)?;
+        let data = self.data.split(mpi_color, key)?;
         let (control, data) = match (control, data, valid) {
             (Some(control), Some(data), Ok(Some(_))) => (control, data),
             (None, None, Ok(None)) => return Ok(None),
-            (control, data, valid) => {
-                control.into_iter().chain(data).for_each(free_comm);
+            (_, _, valid) => {
                 return Err(MpiError::Mpi(TransportError::InvalidArgument(
                     match valid {
                         Err(_) => format!(
@@ -191,25 +168,18 @@ impl MpiComm {
                 )));
             }
         };
-        match topology(data) {
-            Ok(((rank, size), (local_rank, local_size))) => Ok(Some(MpiComm {
-                types,
-                control,
-                data,
-                in_place: self.in_place,
-                tag_ub: self.tag_ub,
-                rank,
-                size,
-                local_rank,
-                local_size,
-                runtime: Arc::clone(&self.runtime),
-            })),
-            Err(e) => {
-                free_comm(control);
-                free_comm(data);
-                Err(e.into())
-            }
-        }
+        let ((rank, size), (local_rank, local_size)) = data.topology()?;
+        Ok(Some(MpiComm {
+            types,
+            control,
+            data,
+            tag_ub: self.tag_ub,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            runtime: Arc::clone(&self.runtime),
+        }))
     }
 
     /// The thread level MPI granted.
@@ -227,9 +197,9 @@ impl MpiComm {
     /// a rank cannot continue and peers would otherwise wait forever).
     pub fn abort(&self, code: i32, message: &str) -> ! {
         eprintln!("kolo-mpi: rank {} aborts the job: {message}", self.rank);
-        // SAFETY: MPI_Abort on a valid communicator; it does not return.
-        unsafe {
-            ffi::MPI_Abort(self.data, code);
+        // SAFETY: the data communicator is live while `self` is.
+        if let Err(e) = unsafe { raw::comm::abort(self.data.handle(), code) } {
+            eprintln!("kolo-mpi: rank {}: {e}; exiting instead", self.rank);
         }
         std::process::exit(code)
     }
@@ -268,15 +238,6 @@ impl MpiComm {
     }
 }
 
-impl Drop for MpiComm {
-    fn drop(&mut self) {
-        if crate::runtime::is_active() {
-            free_comm(self.control);
-            free_comm(self.data);
-        }
-    }
-}
-
 impl Topology for MpiComm {
     fn rank(&self) -> usize {
         self.rank
@@ -290,117 +251,4 @@ impl Topology for MpiComm {
     fn local_size(&self) -> usize {
         self.local_size
     }
-}
-
-fn dup(comm: MPI_Comm) -> Result<MPI_Comm> {
-    let mut out = MPI_Comm(std::ptr::null_mut());
-    // SAFETY: `comm` is a valid communicator, `out` a valid out-pointer.
-    check(unsafe { ffi::MPI_Comm_dup(comm, &mut out) }, "MPI_Comm_dup")?;
-    returning_errors(out)
-}
-
-/// `MPI_Comm_split` of `comm`: `None` for `MPI_UNDEFINED`'s
-/// `MPI_COMM_NULL`.
-fn split(comm: MPI_Comm, color: c_int, key: c_int) -> Result<Option<MPI_Comm>> {
-    let mut out = MPI_Comm(std::ptr::null_mut());
-    // SAFETY: `comm` is a valid communicator, `out` a valid out-pointer.
-    check(
-        unsafe { ffi::MPI_Comm_split(comm, color, key, &mut out) },
-        "MPI_Comm_split",
-    )?;
-    // SAFETY: reading MPI's constant.
-    if out == unsafe { ffi::RSMPI_COMM_NULL } {
-        return Ok(None);
-    }
-    returning_errors(out).map(Some)
-}
-
-/// Makes `comm` (just created) return errors to kolo, which turns them
-/// into kolo errors, instead of aborting the job inside MPI.
-fn returning_errors(comm: MPI_Comm) -> Result<MPI_Comm> {
-    // SAFETY: `comm` is a valid communicator; the handler is MPI's own.
-    let set = check(
-        unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) },
-        "MPI_Comm_set_errhandler",
-    );
-    match set {
-        Ok(()) => Ok(comm),
-        Err(e) => {
-            free_comm(comm);
-            Err(e)
-        }
-    }
-}
-
-/// `comm`'s (rank, size), and its local (rank, size) from a shared-memory
-/// split of it. Collective over `comm`.
-fn topology(comm: MPI_Comm) -> Result<((usize, usize), (usize, usize))> {
-    let global = rank_size(comm)?;
-    let local = split_shared(comm)?;
-    let local_topology = rank_size(local);
-    free_comm(local);
-    Ok((global, local_topology?))
-}
-
-fn split_shared(comm: MPI_Comm) -> Result<MPI_Comm> {
-    let mut out = MPI_Comm(std::ptr::null_mut());
-    // SAFETY: valid communicator and out-pointer; predefined constants.
-    check(
-        unsafe {
-            ffi::MPI_Comm_split_type(
-                comm,
-                ffi::RSMPI_COMM_TYPE_SHARED,
-                0,
-                ffi::RSMPI_INFO_NULL,
-                &mut out,
-            )
-        },
-        "MPI_Comm_split_type(shared)",
-    )?;
-    Ok(out)
-}
-
-fn rank_size(comm: MPI_Comm) -> Result<(usize, usize)> {
-    let (mut rank, mut size): (c_int, c_int) = (0, 0);
-    // SAFETY: valid communicator and out-pointers.
-    check(
-        unsafe { ffi::MPI_Comm_rank(comm, &mut rank) },
-        "MPI_Comm_rank",
-    )?;
-    // SAFETY: as above.
-    check(
-        unsafe { ffi::MPI_Comm_size(comm, &mut size) },
-        "MPI_Comm_size",
-    )?;
-    Ok((rank.max(0) as usize, size.max(0) as usize))
-}
-
-fn free_comm(mut comm: MPI_Comm) {
-    // SAFETY: `comm` was created by MPI_Comm_dup / split and is freed once.
-    unsafe {
-        ffi::MPI_Comm_free(&mut comm);
-    }
-}
-
-fn tag_upper_bound(comm: MPI_Comm, key: c_int) -> Result<u32> {
-    let mut value: *mut c_int = std::ptr::null_mut();
-    let mut flag: c_int = 0;
-    // SAFETY: MPI_TAG_UB's attribute value is a pointer to an int owned by
-    // MPI; we pass the address of a pointer-sized out slot as required.
-    check(
-        unsafe {
-            ffi::MPI_Comm_get_attr(
-                comm,
-                key,
-                &mut value as *mut *mut c_int as *mut c_void,
-                &mut flag,
-            )
-        },
-        "MPI_Comm_get_attr(MPI_TAG_UB)",
-    )?;
-    if flag == 0 || value.is_null() {
-        return Ok(32767); // the standard's guaranteed minimum
-    }
-    // SAFETY: MPI set `value` to its own int, valid while MPI is initialised.
-    Ok(unsafe { *value }.max(0) as u32)
 }

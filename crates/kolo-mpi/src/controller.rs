@@ -2,10 +2,10 @@
 //! communicator (counts first, then payloads).
 
 use crate::comm::MpiComm;
-use crate::raw::{check, counts_displs, recv_ptr, send_ptr, to_int};
+use crate::raw::datatype::{predefined_op, uint64, uint8, PredefinedOp};
+use crate::raw::{collective, counts_displs};
 use kolo_transport::{BitOp, Controller, Result, Topology, TransportError};
-use mpi::ffi;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 
 impl MpiComm {
     fn check_root(&self, root: usize, what: &str) -> Result<c_int> {
@@ -20,72 +20,40 @@ impl MpiComm {
 
     /// Every rank's `len`, on every rank.
     fn allgather_lens(&mut self, len: usize) -> Result<Vec<usize>> {
-        let mine = len as u64;
         let mut all = vec![0u64; self.size()];
-        // SAFETY: one u64 sent, `size` u64s received into `all`.
-        check(
-            unsafe {
-                ffi::MPI_Allgather(
-                    &mine as *const u64 as *const c_void,
-                    1,
-                    ffi::RSMPI_UINT64_T,
-                    recv_ptr(&mut all),
-                    1,
-                    ffi::RSMPI_UINT64_T,
-                    self.control,
-                )
-            },
-            "MPI_Allgather(lengths)",
-        )?;
+        // SAFETY: the control communicator is live while `self` is; one u64
+        // from each rank into `all`, `size` long.
+        unsafe { collective::allgather(&[len as u64], &mut all, uint64(), self.control.handle()) }
+            .map_err(during("allgather_bytes (lengths)"))?;
         Ok(all.into_iter().map(|n| n as usize).collect())
+    }
+}
+
+/// Names the control-plane step an MPI error happened in.
+fn during(step: &'static str) -> impl FnOnce(TransportError) -> TransportError {
+    move |e| match e {
+        TransportError::Backend(why) => TransportError::Backend(format!("{step}: {why}")),
+        other => other,
     }
 }
 
 impl Controller for MpiComm {
     fn gather_bytes(&mut self, msg: &[u8], root: usize) -> Result<Option<Vec<Vec<u8>>>> {
         let root_c = self.check_root(root, "gather_bytes")?;
-        let mine = msg.len() as u64;
+        let comm = self.control.handle();
         let is_root = self.rank() == root;
         let mut lens = vec![0u64; if is_root { self.size() } else { 0 }];
-        // SAFETY: one u64 from each rank into `lens` (size entries on root).
-        check(
-            unsafe {
-                ffi::MPI_Gather(
-                    &mine as *const u64 as *const c_void,
-                    1,
-                    ffi::RSMPI_UINT64_T,
-                    recv_ptr(&mut lens),
-                    1,
-                    ffi::RSMPI_UINT64_T,
-                    root_c,
-                    self.control,
-                )
-            },
-            "MPI_Gather(lengths)",
-        )?;
+        // SAFETY: the control communicator is live while `self` is; one u64
+        // from each rank into `lens`, `size` long on the root.
+        unsafe { collective::gather(&[msg.len() as u64], &mut lens, uint64(), root_c, comm) }
+            .map_err(during("gather_bytes (lengths)"))?;
         let lens: Vec<usize> = lens.into_iter().map(|n| n as usize).collect();
         let (counts, displs) = counts_displs(&lens, "gather_bytes")?;
-        let total: usize = lens.iter().sum();
-        let mut all = vec![0u8; total];
-        let send_count = to_int(msg.len(), "gather_bytes")?;
-        // SAFETY: each rank sends its `msg`; the root receives `counts[r]`
-        // bytes at `displs[r]` inside `all` (sized to their sum).
-        check(
-            unsafe {
-                ffi::MPI_Gatherv(
-                    send_ptr(msg),
-                    send_count,
-                    ffi::RSMPI_UINT8_T,
-                    recv_ptr(&mut all),
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    ffi::RSMPI_UINT8_T,
-                    root_c,
-                    self.control,
-                )
-            },
-            "MPI_Gatherv(messages)",
-        )?;
+        let mut all = vec![0u8; lens.iter().sum()];
+        // SAFETY: as above; the root receives `counts[r]` bytes at
+        // `displs[r]` of `all`, sized to their sum (the lengths gathered).
+        unsafe { collective::gatherv(msg, &mut all, &counts, &displs, uint8(), root_c, comm) }
+            .map_err(during("gather_bytes (messages)"))?;
         if !is_root {
             return Ok(None);
         }
@@ -94,42 +62,26 @@ impl Controller for MpiComm {
 
     fn broadcast_bytes(&mut self, msg: &[u8], root: usize) -> Result<Vec<u8>> {
         let root_c = self.check_root(root, "broadcast_bytes")?;
-        let mut len = msg.len() as u64;
-        // SAFETY: one u64 broadcast in place.
-        check(
-            unsafe {
-                ffi::MPI_Bcast(
-                    &mut len as *mut u64 as *mut c_void,
-                    1,
-                    ffi::RSMPI_UINT64_T,
-                    root_c,
-                    self.control,
-                )
-            },
-            "MPI_Bcast(length)",
-        )?;
-        let len = usize::try_from(len).map_err(|_| {
-            TransportError::Backend(format!("broadcast length {len} does not fit in memory"))
+        let comm = self.control.handle();
+        let mut len = [msg.len() as u64];
+        // SAFETY: the control communicator is live while `self` is; one u64
+        // on every rank.
+        unsafe { collective::bcast(&mut len, uint64(), root_c, comm) }
+            .map_err(during("broadcast_bytes (length)"))?;
+        let len = usize::try_from(len[0]).map_err(|_| {
+            TransportError::Backend(format!(
+                "broadcast length {} does not fit in memory",
+                len[0]
+            ))
         })?;
         let mut buf = if self.rank() == root {
             msg.to_vec()
         } else {
             vec![0u8; len]
         };
-        let count = to_int(len, "broadcast_bytes")?;
-        // SAFETY: `buf` holds `len` bytes on every rank.
-        check(
-            unsafe {
-                ffi::MPI_Bcast(
-                    recv_ptr(&mut buf),
-                    count,
-                    ffi::RSMPI_UINT8_T,
-                    root_c,
-                    self.control,
-                )
-            },
-            "MPI_Bcast(message)",
-        )?;
+        // SAFETY: as above; `buf` holds the root's length on every rank.
+        unsafe { collective::bcast(&mut buf, uint8(), root_c, comm) }
+            .map_err(during("broadcast_bytes (message)"))?;
         Ok(buf)
     }
 
@@ -137,54 +89,37 @@ impl Controller for MpiComm {
         let lens = self.allgather_lens(msg.len())?;
         let (counts, displs) = counts_displs(&lens, "allgather_bytes")?;
         let mut all = vec![0u8; lens.iter().sum()];
-        let send_count = to_int(msg.len(), "allgather_bytes")?;
-        // SAFETY: every rank receives `counts[r]` bytes at `displs[r]` of `all`.
-        check(
-            unsafe {
-                ffi::MPI_Allgatherv(
-                    send_ptr(msg),
-                    send_count,
-                    ffi::RSMPI_UINT8_T,
-                    recv_ptr(&mut all),
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    ffi::RSMPI_UINT8_T,
-                    self.control,
-                )
-            },
-            "MPI_Allgatherv(messages)",
-        )?;
-        Ok(split(&all, &lens))
+        // SAFETY: the control communicator is live while `self` is; every
+        // rank receives `counts[r]` bytes at `displs[r]` of `all`, sized to
+        // their sum (the lengths gathered).
+        unsafe {
+            collective::allgatherv(
+                msg,
+                &mut all,
+                &counts,
+                &displs,
+                uint8(),
+                self.control.handle(),
+            )
+        }
+        .map_err(during("allgather_bytes (messages)"))
+        .map(|()| split(&all, &lens))
     }
 
     fn control_barrier(&mut self) -> Result<()> {
-        // SAFETY: a barrier on our control communicator.
-        check(
-            unsafe { ffi::MPI_Barrier(self.control) },
-            "MPI_Barrier(control)",
-        )
+        // SAFETY: the control communicator is live while `self` is.
+        unsafe { collective::barrier(self.control.handle()) }.map_err(during("control_barrier"))
     }
 
     fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
-        let count = to_int(words.len(), "bitwise_allreduce")?;
-        // SAFETY: in-place reduction of `count` u64 words in `words`.
-        check(
-            unsafe {
-                let mpi_op = match op {
-                    BitOp::And => ffi::RSMPI_BAND,
-                    BitOp::Or => ffi::RSMPI_BOR,
-                };
-                ffi::MPI_Allreduce(
-                    self.in_place,
-                    recv_ptr(words),
-                    count,
-                    ffi::RSMPI_UINT64_T,
-                    mpi_op,
-                    self.control,
-                )
-            },
-            "MPI_Allreduce(bits)",
-        )
+        let op = predefined_op(match op {
+            BitOp::And => PredefinedOp::BitwiseAnd,
+            BitOp::Or => PredefinedOp::BitwiseOr,
+        });
+        // SAFETY: the control communicator is live while `self` is; an
+        // in-place reduction of u64 words.
+        unsafe { collective::allreduce_in_place(words, uint64(), op, self.control.handle()) }
+            .map_err(during("bitwise_allreduce"))
     }
 }
 

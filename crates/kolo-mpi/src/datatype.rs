@@ -2,151 +2,121 @@
 //! type: kolo creates a 2-byte contiguous datatype for each and commutative
 //! user operations that reduce through kolo's own kernels (f32 accumulation).
 
-use crate::raw::check;
+use crate::raw::datatype::{self as raw, user_function, PredefinedOp, USER_OPS};
+use crate::raw::{Datatype, Op, UserFunction};
 use half::{bf16, f16};
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{Element, Result, TransportError};
-use mpi::ffi::{self, MPI_Datatype, MPI_Op};
-use std::os::raw::{c_int, c_void};
 
-/// The reduce ops MPI runs for kolo (Average is Sum followed by a scale).
-const OPS: [ReduceOp; 4] = [
-    ReduceOp::Sum,
-    ReduceOp::Min,
-    ReduceOp::Max,
-    ReduceOp::Product,
-];
-
-/// Datatypes and user operations created once per communicator.
+/// Datatypes and user operations created once per communicator, freed
+/// when dropped.
 pub(crate) struct Types {
-    f16: MPI_Datatype,
-    bf16: MPI_Datatype,
-    /// `[f16 ops, bf16 ops]`, each in the order of [`OPS`].
-    half_ops: [[MPI_Op; 4]; 2],
+    f16: DerivedType,
+    bf16: DerivedType,
+    /// Each in the order of [`USER_OPS`].
+    f16_ops: Vec<UserOp>,
+    bf16_ops: Vec<UserOp>,
 }
 
 impl Types {
-    /// Creates the half-precision datatypes and operations.
+    /// Creates the half-precision datatypes and operations (local calls,
+    /// not collective). A failure part-way frees what was made.
     pub(crate) fn create() -> Result<Types> {
-        let f16 = contiguous_bytes(2)?;
-        let bf16 = contiguous_bytes(2)?;
-        let f16_fns: [ffi::MPI_User_function; 4] = [
-            Some(reduce_fn::<f16, 0>),
-            Some(reduce_fn::<f16, 1>),
-            Some(reduce_fn::<f16, 2>),
-            Some(reduce_fn::<f16, 3>),
-        ];
-        let bf16_fns: [ffi::MPI_User_function; 4] = [
-            Some(reduce_fn::<bf16, 0>),
-            Some(reduce_fn::<bf16, 1>),
-            Some(reduce_fn::<bf16, 2>),
-            Some(reduce_fn::<bf16, 3>),
-        ];
-        let mut half_ops = [[MPI_Op(std::ptr::null_mut()); 4]; 2];
-        for (row, fns) in half_ops.iter_mut().zip([f16_fns, bf16_fns]) {
-            for (slot, f) in row.iter_mut().zip(fns) {
-                // SAFETY: `f` is a valid MPI_User_function for 2-byte elements;
-                // `slot` is a valid out-pointer. Ops are freed in Drop.
-                check(unsafe { ffi::MPI_Op_create(f, 1, slot) }, "MPI_Op_create")?;
-            }
-        }
         Ok(Types {
-            f16,
-            bf16,
-            half_ops,
+            f16: DerivedType::bytes(2)?,
+            bf16: DerivedType::bytes(2)?,
+            f16_ops: user_ops::<f16>()?,
+            bf16_ops: user_ops::<bf16>()?,
         })
     }
 
     /// The MPI datatype for `dtype`.
-    pub(crate) fn datatype(&self, dtype: DataType) -> MPI_Datatype {
-        // SAFETY: reading the predefined datatype handles that rsmpi's C shim
-        // exports; they are valid for the life of the MPI library.
-        unsafe {
-            match dtype {
-                DataType::U8 => ffi::RSMPI_UINT8_T,
-                DataType::I8 => ffi::RSMPI_INT8_T,
-                DataType::U16 => ffi::RSMPI_UINT16_T,
-                DataType::I16 => ffi::RSMPI_INT16_T,
-                DataType::I32 => ffi::RSMPI_INT32_T,
-                DataType::I64 => ffi::RSMPI_INT64_T,
-                DataType::F32 => ffi::RSMPI_FLOAT,
-                DataType::F64 => ffi::RSMPI_DOUBLE,
-                DataType::Bool => ffi::RSMPI_C_BOOL,
-                DataType::F16 => self.f16,
-                DataType::BF16 => self.bf16,
-            }
+    pub(crate) fn datatype(&self, dtype: DataType) -> Datatype {
+        match (dtype, raw::predefined(dtype)) {
+            (_, Some(predefined)) => predefined,
+            (DataType::BF16, None) => self.bf16.0,
+            // F16, the other type MPI does not define.
+            (_, None) => self.f16.0,
         }
     }
 
     /// The MPI operation reducing `dtype` with `op` (`Average` maps to sum).
-    pub(crate) fn op(&self, dtype: DataType, op: ReduceOp) -> Result<MPI_Op> {
+    pub(crate) fn op(&self, dtype: DataType, op: ReduceOp) -> Result<Op> {
         let op = if op == ReduceOp::Average {
             ReduceOp::Sum
         } else {
             op
         };
-        let index = OPS.iter().position(|&o| o == op).ok_or_else(|| {
+        let index = USER_OPS.iter().position(|&o| o == op).ok_or_else(|| {
             TransportError::InvalidArgument(format!("reduce op {op} has no MPI operation"))
         })?;
-        // SAFETY: reading predefined MPI_Op handles exported by rsmpi's shim.
-        let op = unsafe {
-            match (dtype, op) {
-                (DataType::F16, _) => self.half_ops[0][index],
-                (DataType::BF16, _) => self.half_ops[1][index],
-                // bool: sum is OR, product and min are AND, max is OR.
-                (DataType::Bool, ReduceOp::Sum | ReduceOp::Max) => ffi::RSMPI_LOR,
-                (DataType::Bool, _) => ffi::RSMPI_LAND,
-                (_, ReduceOp::Min) => ffi::RSMPI_MIN,
-                (_, ReduceOp::Max) => ffi::RSMPI_MAX,
-                (_, ReduceOp::Product) => ffi::RSMPI_PROD,
-                _ => ffi::RSMPI_SUM,
-            }
+        let predefined = match (dtype, op) {
+            (DataType::F16, _) => return Ok(self.f16_ops[index].0),
+            (DataType::BF16, _) => return Ok(self.bf16_ops[index].0),
+            // bool: sum is OR, product and min are AND, max is OR.
+            (DataType::Bool, ReduceOp::Sum | ReduceOp::Max) => PredefinedOp::LogicalOr,
+            (DataType::Bool, _) => PredefinedOp::LogicalAnd,
+            (_, ReduceOp::Min) => PredefinedOp::Min,
+            (_, ReduceOp::Max) => PredefinedOp::Max,
+            (_, ReduceOp::Product) => PredefinedOp::Product,
+            _ => PredefinedOp::Sum,
         };
-        Ok(op)
+        Ok(raw::predefined_op(predefined))
     }
 }
 
-impl Drop for Types {
+/// The user operations reducing `T`, in the order of [`USER_OPS`].
+fn user_ops<T: Element>() -> Result<Vec<UserOp>> {
+    let functions: [UserFunction; USER_OPS.len()] = [
+        user_function::<T, 0>(),
+        user_function::<T, 1>(),
+        user_function::<T, 2>(),
+        user_function::<T, 3>(),
+    ];
+    functions
+        .into_iter()
+        .map(|function| {
+            // SAFETY: MPI is initialised (`Types` are made after `Runtime`);
+            // each function reduces `T`, and `Types::op` hands its operation
+            // out only for `T::DTYPE`, whose datatype (`Types::datatype`) is
+            // `T`-sized; the operation is freed once, by `Drop`.
+            unsafe { raw::op_create(function) }.map(UserOp)
+        })
+        .collect()
+}
+
+/// A committed datatype of contiguous bytes, freed when dropped.
+struct DerivedType(Datatype);
+
+impl DerivedType {
+    fn bytes(n: i32) -> Result<DerivedType> {
+        // SAFETY: MPI is initialised (`Types` are made after `Runtime`);
+        // the datatype is freed once, by `Drop`.
+        unsafe { raw::contiguous_bytes(n) }.map(DerivedType)
+    }
+}
+
+impl Drop for DerivedType {
     fn drop(&mut self) {
-        if !crate::runtime::is_active() {
-            return; // MPI already finalized: its objects are gone with it.
-        }
-        for op in self.half_ops.iter_mut().flatten() {
-            // SAFETY: each op was created by MPI_Op_create and is freed once.
-            unsafe { ffi::MPI_Op_free(op) };
-        }
-        for ty in [&mut self.f16, &mut self.bf16] {
-            // SAFETY: each type was created and committed by us, freed once.
-            unsafe { ffi::MPI_Type_free(ty) };
+        if crate::runtime::is_active() {
+            // SAFETY: made by `bytes` for this value alone, not used after.
+            // A failure cannot be reported from a drop; MPI reclaims the
+            // datatype at finalisation.
+            let _ = unsafe { raw::type_free(self.0) };
         }
     }
 }
 
-fn contiguous_bytes(n: c_int) -> Result<MPI_Datatype> {
-    let mut ty = MPI_Datatype(std::ptr::null_mut());
-    // SAFETY: out-pointer to a local; RSMPI_UINT8_T is a predefined type.
-    check(
-        unsafe { ffi::MPI_Type_contiguous(n, ffi::RSMPI_UINT8_T, &mut ty) },
-        "MPI_Type_contiguous",
-    )?;
-    // SAFETY: `ty` was just created.
-    check(unsafe { ffi::MPI_Type_commit(&mut ty) }, "MPI_Type_commit")?;
-    Ok(ty)
-}
+/// A commutative user operation, freed when dropped.
+struct UserOp(Op);
 
-/// MPI user function: `inout[i] = OPS[OP](inout[i], in[i])` for `T`.
-unsafe extern "C" fn reduce_fn<T: Element, const OP: usize>(
-    invec: *mut c_void,
-    inoutvec: *mut c_void,
-    len: *mut c_int,
-    _datatype: *mut MPI_Datatype,
-) {
-    // SAFETY: MPI passes `*len` elements of the datatype this op was created
-    // for (2-byte f16/bf16 elements, matching `T`) in two distinct buffers.
-    unsafe {
-        let n = (*len).max(0) as usize;
-        let src = std::slice::from_raw_parts(invec as *const T, n);
-        let acc = std::slice::from_raw_parts_mut(inoutvec as *mut T, n);
-        T::reduce_into(acc, src, OPS[OP]);
+impl Drop for UserOp {
+    fn drop(&mut self) {
+        if crate::runtime::is_active() {
+            // SAFETY: made by `user_ops` for this value alone, not used after.
+            // A failure cannot be reported from a drop; MPI reclaims the
+            // operation at finalisation.
+            let _ = unsafe { raw::op_free(self.0) };
+        }
     }
 }

@@ -9,15 +9,24 @@
 //! closure. Jobs are bounded by a timeout, so a hung job fails instead of
 //! hanging CI.
 //!
-//! ```no_run
+//! ```
 //! use kolo_mpi::launcher::{self, Job};
+//! use kolo_mpi::MpiComm;
+//! use kolo_protocol::ReduceOp;
+//! use kolo_transport::{Collectives, Scale, Topology};
 //!
 //! fn main() -> std::process::ExitCode {
-//!     let jobs = [2, 3].map(|np| Job::new(format!("ring_np{np}"), np).arg("--ring")).to_vec();
-//!     launcher::main(jobs, |args| {
-//!         let comm = kolo_mpi::MpiComm::init(false).map_err(|e| e.to_string())?;
-//!         // ... this rank's checks, using `args` (here `["--ring"]`) ...
-//!         # let _ = (comm, args);
+//!     // Two tests: jobs of 2 and 3 processes, every rank given `--count`.
+//!     let jobs = [2, 3].map(|np| Job::new(format!("count_np{np}"), np).arg("--count"));
+//!     launcher::main(jobs.to_vec(), |args| {
+//!         // One rank: every rank adds 1, which makes the job's size.
+//!         let mut comm = MpiComm::init(false).map_err(|e| e.to_string())?;
+//!         let mut ones = [1i32];
+//!         comm.allreduce(&mut ones, ReduceOp::Sum, Scale::NONE)
+//!             .map_err(|e| e.to_string())?;
+//!         if args != ["--count"] || ones[0] as usize != comm.size() {
+//!             return Err(format!("rank {}: args {args:?}, sum {}", comm.rank(), ones[0]));
+//!         }
 //!         Ok(())
 //!     })
 //! }
@@ -42,7 +51,8 @@ pub struct Job {
     pub np: usize,
     /// Arguments of every rank.
     pub args: Vec<String>,
-    /// Environment of every rank (on top of [`mpirun_command`]'s).
+    /// Environment of every rank (on top of the settings [`mpirun_self`]
+    /// gives every job).
     pub env: Vec<(String, String)>,
     /// The job is killed, and fails, after this long.
     pub timeout: Duration,
@@ -156,7 +166,7 @@ impl Verdict {
 
 /// The plain judge of a job: one verdict, passed when `mpirun` exited 0.
 /// A passing job's standard output is printed (rank 0's notes).
-pub fn exit_status(job: &Job, result: &Result<Output, String>) -> Vec<Verdict> {
+fn exit_status(job: &Job, result: &Result<Output, String>) -> Vec<Verdict> {
     let failure = match result {
         Ok(output) if output.status.success() => {
             print!("{}", String::from_utf8_lossy(&output.stdout));
@@ -269,17 +279,15 @@ pub fn under_mpirun() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// The `mpirun` command with what root and containers need: running as
-/// root allowed, oversubscription allowed (CI has 2 cores, tests start 4
-/// processes), shared-memory transport without the cross-memory-attach
-/// single-copy mechanism (ptrace is often forbidden in containers), and no
-/// network interfaces probed beyond loopback.
-pub fn mpirun_command(np: usize) -> Command {
-    let mut cmd = Command::new(std::env::var_os("KOLO_MPIRUN").unwrap_or_else(|| "mpirun".into()));
+/// The `mpirun` command (`$KOLO_MPIRUN`, else `mpirun`) with what root and
+/// containers need: see [`mpirun_self`].
+fn mpirun_command(np: usize) -> Command {
+    let mpirun = std::env::var_os("KOLO_MPIRUN").unwrap_or_else(|| "mpirun".into());
+    let mut cmd = Command::new(&mpirun);
     cmd.arg("-np").arg(np.to_string());
-    if is_openmpi() {
+    if is_openmpi(&mpirun) {
         cmd.args(["--oversubscribe", "--bind-to", "none"]);
-        // SAFETY of the environment: these only relax launcher checks.
+        // These only relax OpenMPI's checks and narrow its transports.
         cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
@@ -293,17 +301,24 @@ pub fn mpirun_command(np: usize) -> Command {
     cmd
 }
 
-fn is_openmpi() -> bool {
-    Command::new("mpirun")
+fn is_openmpi(mpirun: &OsStr) -> bool {
+    Command::new(mpirun)
         .arg("--version")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"))
         .unwrap_or(true)
 }
 
-/// Runs `program args...` under `mpirun -np np`, killing it after
-/// `timeout` (a hung job must fail the test, not hang CI). Returns the
-/// combined output or a message saying what went wrong.
+/// Runs `program args...` under `mpirun -np np` (`$KOLO_MPIRUN` names
+/// another launcher) with `envs` on top of its own settings, killing it
+/// after `timeout` (a hung job must fail the test, not hang CI). Returns
+/// the combined output or a message saying what went wrong.
+///
+/// Under OpenMPI the job may run as root and oversubscribe the cores (CI
+/// has 2, tests start 4 processes), ranks yield the core while they wait,
+/// shared memory goes without the cross-memory-attach single-copy
+/// mechanism (ptrace is often forbidden in containers), and no network
+/// interface beyond loopback is probed.
 pub fn mpirun_self<I, S>(
     program: &Path,
     np: usize,

@@ -1,14 +1,23 @@
 //! The engine's settings: a builder first, `KOLO_*` environment variables
-//! second (see `docs/configuration.md` for the table).
+//! second (see `docs/configuration.md` for the table). Every count and
+//! duration has a bound (the `MAX_*` constants); the environment is read
+//! as bytes, and only a path may be other than UTF-8.
 
+mod bounds;
 mod parse;
+mod source;
+#[cfg(all(test, unix))]
+mod tests;
 
 use crate::error::Error;
 use kolo_coordinator::CoordinatorConfig;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
+
+pub use bounds::{MAX_CACHE_CAPACITY, MAX_CYCLE_TIME, MAX_FUSION_THRESHOLD, MAX_STALL_TIME};
 
 /// Fusion threshold in bytes: [`Config::fusion_threshold`].
 pub const FUSION_THRESHOLD: &str = "KOLO_FUSION_THRESHOLD";
@@ -49,6 +58,8 @@ pub const VARIABLES: [&str; 10] = [
 /// The engine's settings. Build one with the builder methods (each
 /// consumes and returns the config) or read the environment with
 /// [`Config::from_env`]; the fields are public for reading.
+/// [`Config::validate`] checks every value against its bound (the engine
+/// does when it starts); what [`Config::from_env`] returns always passes.
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,20 +71,25 @@ pub const VARIABLES: [&str; 10] = [
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// Largest fused buffer in bytes (128 MiB); 0 disables fusion.
+    /// Largest fused buffer in bytes (128 MiB); 0 disables fusion. At most
+    /// [`MAX_FUSION_THRESHOLD`].
     pub fusion_threshold: usize,
     /// How long an idle rank waits for work before it cycles anyway (1 ms).
+    /// At most [`MAX_CYCLE_TIME`].
     pub cycle_time: Duration,
     /// Where rank 0 writes a Chrome-trace timeline (none).
     pub timeline: Option<PathBuf>,
     /// Mark each background cycle in the timeline (off).
     pub timeline_mark_cycles: bool,
-    /// Response cache entries (1024); 0 disables the cache.
+    /// Response cache entries (1024); 0 disables the cache. At most
+    /// [`MAX_CACHE_CAPACITY`]; memory grows with the entries used.
     pub cache_capacity: usize,
     /// Warn about tensors that some ranks submitted and others did not
-    /// after this long (60 s); `None` disables the warning.
+    /// after this long (60 s); `None` disables the warning. Longer than 0
+    /// and at most [`MAX_STALL_TIME`].
     pub stall_check: Option<Duration>,
     /// Fail such tensors and shut down after this long (`None`: never).
+    /// Longer than 0 and at most [`MAX_STALL_TIME`].
     pub stall_shutdown: Option<Duration>,
     /// The most detailed level kolo's own log events are emitted at (warn).
     pub log_level: LogLevel,
@@ -105,50 +121,100 @@ impl Default for Config {
 
 impl Config {
     /// The defaults overridden by the `KOLO_*` environment variables that
-    /// are set (and not empty). A malformed value is an [`Error::Config`]
-    /// naming the variable and the value.
+    /// are set (and not blank). A malformed value, one out of its bound, or
+    /// one that is not UTF-8 (other than the path of `KOLO_TIMELINE`, which
+    /// keeps its bytes) is an [`Error::Config`] naming the variable and the
+    /// value. The result passes [`Config::validate`].
     pub fn from_env() -> Result<Config, Error> {
-        Config::from_lookup(&|name| std::env::var(name).ok())
+        Config::from_lookup(&|name| std::env::var_os(name))
     }
 
     /// [`Config::from_env`] over any source of variables: `lookup(name)`
-    /// returns the value of `name`, if set. Pure, so that tests need not
-    /// touch the process environment.
-    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Config, Error> {
-        let read = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+    /// returns the raw value of `name`, if set. Pure, so that tests need
+    /// not touch the process environment.
+    ///
+    /// ```
+    /// let config = kolo::Config::from_lookup(&|name| {
+    ///     (name == "KOLO_CYCLE_TIME").then(|| "2.5".into())
+    /// })?;
+    /// assert_eq!(config.cycle_time, std::time::Duration::from_micros(2500));
+    /// # Ok::<(), kolo::Error>(())
+    /// ```
+    pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<OsString>) -> Result<Config, Error> {
+        let read = |name: &str| source::text(name, lookup(name));
         let mut config = Config::default();
-        if let Some(v) = read(FUSION_THRESHOLD) {
-            config.fusion_threshold = checked(FUSION_THRESHOLD, &v, parse::bytes)?;
+        if let Some(v) = read(FUSION_THRESHOLD)? {
+            config.fusion_threshold =
+                checked(FUSION_THRESHOLD, &v, parse::bytes, bounds::fusion_threshold)?;
         }
-        if let Some(v) = read(CYCLE_TIME) {
-            config.cycle_time = checked(CYCLE_TIME, &v, parse::millis)?;
+        if let Some(v) = read(CYCLE_TIME)? {
+            config.cycle_time = checked(CYCLE_TIME, &v, parse::millis, bounds::cycle_time)?;
         }
-        if let Some(v) = read(TIMELINE) {
-            config.timeline = Some(PathBuf::from(v));
+        if let Some(path) = source::path(lookup(TIMELINE)) {
+            config.timeline = Some(path);
         }
-        if let Some(v) = read(TIMELINE_MARK_CYCLES) {
-            config.timeline_mark_cycles = checked(TIMELINE_MARK_CYCLES, &v, parse::switch)?;
+        if let Some(v) = read(TIMELINE_MARK_CYCLES)? {
+            config.timeline_mark_cycles =
+                checked(TIMELINE_MARK_CYCLES, &v, parse::switch, unbounded)?;
         }
-        if let Some(v) = read(CACHE_CAPACITY) {
-            config.cache_capacity = checked(CACHE_CAPACITY, &v, parse::count)?;
+        if let Some(v) = read(CACHE_CAPACITY)? {
+            config.cache_capacity =
+                checked(CACHE_CAPACITY, &v, parse::count, bounds::cache_capacity)?;
         }
-        if let Some(v) = read(STALL_CHECK_TIME_SECONDS) {
-            config.stall_check = checked(STALL_CHECK_TIME_SECONDS, &v, parse::seconds_or_never)?;
+        if let Some(v) = read(STALL_CHECK_TIME_SECONDS)? {
+            config.stall_check = checked(
+                STALL_CHECK_TIME_SECONDS,
+                &v,
+                parse::seconds_or_never,
+                bounds::stall_time,
+            )?;
         }
-        if let Some(v) = read(STALL_SHUTDOWN_TIME_SECONDS) {
-            config.stall_shutdown =
-                checked(STALL_SHUTDOWN_TIME_SECONDS, &v, parse::seconds_or_never)?;
+        if let Some(v) = read(STALL_SHUTDOWN_TIME_SECONDS)? {
+            config.stall_shutdown = checked(
+                STALL_SHUTDOWN_TIME_SECONDS,
+                &v,
+                parse::seconds_or_never,
+                bounds::stall_time,
+            )?;
         }
-        if let Some(v) = read(LOG_LEVEL) {
-            config.log_level = checked(LOG_LEVEL, &v, LogLevel::from_str)?;
+        if let Some(v) = read(LOG_LEVEL)? {
+            config.log_level = checked(LOG_LEVEL, &v, LogLevel::from_str, unbounded)?;
         }
-        if let Some(v) = read(BACKEND) {
-            config.backend = checked(BACKEND, &v, BackendKind::from_str)?;
+        if let Some(v) = read(BACKEND)? {
+            config.backend = checked(BACKEND, &v, BackendKind::from_str, unbounded)?;
         }
-        if let Some(v) = read(MPI_THREADS_DISABLE) {
-            config.mpi_threads_disable = checked(MPI_THREADS_DISABLE, &v, parse::switch)?;
+        if let Some(v) = read(MPI_THREADS_DISABLE)? {
+            config.mpi_threads_disable =
+                checked(MPI_THREADS_DISABLE, &v, parse::switch, unbounded)?;
         }
         Ok(config)
+    }
+
+    /// Checks every count and duration against its bound (the `MAX_*`
+    /// constants of [`crate::config`]): the first one out of it is an
+    /// [`Error::Config`] whose `variable` names the builder setting
+    /// (`"Config::cache_capacity"`, ...), with the value and the bound.
+    /// Builder methods and public fields take any value; the engine calls
+    /// this before it starts.
+    pub fn validate(&self) -> Result<(), Error> {
+        let threshold = self.fusion_threshold;
+        setting(
+            "Config::fusion_threshold",
+            threshold,
+            bounds::fusion_threshold,
+        )?;
+        setting("Config::cycle_time", self.cycle_time, bounds::cycle_time)?;
+        setting(
+            "Config::cache_capacity",
+            self.cache_capacity,
+            bounds::cache_capacity,
+        )?;
+        setting("Config::stall_check", self.stall_check, bounds::stall_time)?;
+        setting(
+            "Config::stall_shutdown",
+            self.stall_shutdown,
+            bounds::stall_time,
+        )
     }
 
     /// Sets the fusion threshold in bytes (0 disables fusion).
@@ -223,15 +289,37 @@ impl Config {
     }
 }
 
-/// Parses `value` of `variable` with `parse`, naming both on failure.
-fn checked<T>(
+/// Parses `value` of `variable` with `parse` and checks it with `bound`,
+/// naming both on failure.
+fn checked<T: Copy>(
     variable: &str,
     value: &str,
     parse: impl Fn(&str) -> Result<T, String>,
+    bound: impl Fn(T) -> Result<(), String>,
 ) -> Result<T, Error> {
-    parse(value).map_err(|reason| Error::Config {
-        variable: variable.to_owned(),
-        value: value.to_owned(),
+    parse(value)
+        .and_then(|parsed| bound(parsed).map(|()| parsed))
+        .map_err(|reason| Error::Config {
+            variable: variable.to_owned(),
+            value: value.to_owned(),
+            reason,
+        })
+}
+
+/// The bound of a value that has none beyond its type.
+fn unbounded<T>(_: T) -> Result<(), String> {
+    Ok(())
+}
+
+/// Checks the builder `setting`'s `value` with `bound`.
+fn setting<T: Copy + fmt::Debug>(
+    setting: &str,
+    value: T,
+    bound: impl Fn(T) -> Result<(), String>,
+) -> Result<(), Error> {
+    bound(value).map_err(|reason| Error::Config {
+        variable: setting.to_owned(),
+        value: format!("{value:?}"),
         reason,
     })
 }
@@ -314,89 +402,5 @@ impl fmt::Display for BackendKind {
             BackendKind::Threads => "threads",
             BackendKind::Mpi => "mpi",
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn from_map(vars: &[(&str, &str)]) -> Result<Config, Error> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(&|name| map.get(name).cloned())
-    }
-
-    #[test]
-    fn nothing_set_gives_the_defaults() {
-        assert_eq!(from_map(&[]), Ok(Config::default()));
-        assert_eq!(from_map(&[(FUSION_THRESHOLD, " ")]), Ok(Config::default()));
-    }
-
-    #[test]
-    fn every_variable_is_read() {
-        let config = from_map(&[
-            (FUSION_THRESHOLD, "64M"),
-            (CYCLE_TIME, "2.5"),
-            (TIMELINE, "/tmp/t.json"),
-            (TIMELINE_MARK_CYCLES, "1"),
-            (CACHE_CAPACITY, "0"),
-            (STALL_CHECK_TIME_SECONDS, "0"),
-            (STALL_SHUTDOWN_TIME_SECONDS, "30"),
-            (LOG_LEVEL, "DEBUG"),
-            (BACKEND, "mpi"),
-        ])
-        .unwrap();
-        let expected = Config::default()
-            .fusion_threshold(64 << 20)
-            .cycle_time(Duration::from_micros(2500))
-            .timeline("/tmp/t.json")
-            .timeline_mark_cycles(true)
-            .cache_capacity(0)
-            .stall_check(None)
-            .stall_shutdown(Some(Duration::from_secs(30)))
-            .log_level(LogLevel::Debug)
-            .backend(BackendKind::Mpi);
-        assert_eq!(config, expected);
-    }
-
-    #[test]
-    fn a_malformed_value_names_variable_and_value() {
-        for (variable, value) in [
-            (FUSION_THRESHOLD, "lots"),
-            (CYCLE_TIME, "-1"),
-            (TIMELINE_MARK_CYCLES, "maybe"),
-            (CACHE_CAPACITY, "1e3"),
-            (STALL_CHECK_TIME_SECONDS, "soon"),
-            (STALL_SHUTDOWN_TIME_SECONDS, "-5"),
-            (LOG_LEVEL, "loud"),
-            (BACKEND, "carrier-pigeon"),
-        ] {
-            match from_map(&[(variable, value)]) {
-                Err(Error::Config {
-                    variable: v,
-                    value: got,
-                    reason,
-                }) => {
-                    assert_eq!((v.as_str(), got.as_str()), (variable, value));
-                    assert!(!reason.is_empty());
-                }
-                other => panic!("{variable}={value}: expected a config error, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn the_coordinator_gets_its_part() {
-        let config = Config::default()
-            .cache_capacity(7)
-            .stall_shutdown(Some(Duration::from_secs(3)));
-        let c = config.coordinator();
-        assert_eq!(c.cache_capacity, 7);
-        assert_eq!(c.stall_warning, Some(Duration::from_secs(60)));
-        assert_eq!(c.stall_shutdown, Some(Duration::from_secs(3)));
     }
 }

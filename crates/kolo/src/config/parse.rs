@@ -1,11 +1,16 @@
 //! Parsing of configuration values: pure functions from the text of a
 //! variable to its value, or to a reason naming what is expected.
+//!
+//! A well-formed value too large for its type saturates (`usize::MAX`,
+//! `Duration::MAX`) instead of failing here: every caller checks the value
+//! against its bound ([`super::bounds`]), whose reason names the bound, the
+//! same message for `1048577` as for `99999999999999999999`.
 
 use std::time::Duration;
 
 /// A byte count: digits with an optional binary suffix `K`, `M` or `G`
 /// (1024-based, case-insensitive, optionally followed by `B` or `iB`), or a
-/// plain `B`: `134217728`, `128M`, `64MiB`, `1g`, `0`.
+/// plain `B`: `134217728`, `128M`, `64MiB`, `1g`, `0`. Saturates.
 pub fn bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let digits_end = text
@@ -22,12 +27,16 @@ pub fn bytes(text: &str) -> Result<usize, String> {
         "g" | "gb" | "gib" => 30,
         other => return Err(format!("unknown size suffix {other:?} (use K, M or G)")),
     };
-    let value: usize = digits
-        .parse()
-        .map_err(|_| format!("{digits} does not fit in a byte count"))?;
-    value
-        .checked_mul(1usize << shift)
-        .ok_or_else(|| format!("{text} bytes do not fit in a byte count"))
+    Ok(saturating_digits(digits).saturating_mul(1usize << shift))
+}
+
+/// The value of a non-empty run of ASCII digits, saturating.
+fn saturating_digits(digits: &str) -> usize {
+    digits.bytes().fold(0usize, |value, digit| {
+        value
+            .saturating_mul(10)
+            .saturating_add(usize::from(digit - b'0'))
+    })
 }
 
 /// A non-negative, finite number (fractions allowed).
@@ -43,28 +52,41 @@ fn non_negative(text: &str, unit: &str) -> Result<f64, String> {
     }
 }
 
-/// Milliseconds, fractions allowed: `1`, `0.5`, `2.5`.
-pub fn millis(text: &str) -> Result<Duration, String> {
-    let ms = non_negative(text, "milliseconds")?;
-    Duration::try_from_secs_f64(ms / 1000.0).map_err(|e| format!("{ms} ms: {e}"))
+/// `secs` (finite, non-negative) as a duration, saturating.
+fn duration(secs: f64) -> Duration {
+    // A finite, non-negative number fails only by being too large.
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
 }
 
-/// Seconds, fractions allowed; 0 means "never" (`None`).
+/// Milliseconds, fractions allowed: `1`, `0.5`, `2.5`. Saturates.
+pub fn millis(text: &str) -> Result<Duration, String> {
+    let ms = non_negative(text, "milliseconds")?;
+    Ok(duration(ms / 1000.0))
+}
+
+/// Seconds, fractions allowed; 0 means "never" (`None`). A positive value
+/// too small for a nanosecond is an error (it is not 0, and not a
+/// duration either). Saturates.
 pub fn seconds_or_never(text: &str) -> Result<Option<Duration>, String> {
     let secs = non_negative(text, "seconds")?;
     if secs == 0.0 {
         return Ok(None);
     }
-    Duration::try_from_secs_f64(secs)
-        .map(Some)
-        .map_err(|e| format!("{secs} s: {e}"))
+    match duration(secs) {
+        Duration::ZERO => Err(format!(
+            "{secs} s is shorter than a nanosecond (0 turns it off)"
+        )),
+        d => Ok(Some(d)),
+    }
 }
 
-/// A count of things: a non-negative integer.
+/// A count of things: a non-negative integer (digits only). Saturates.
 pub fn count(text: &str) -> Result<usize, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| "expected a non-negative integer".into())
+    let digits = text.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("expected a non-negative integer".into());
+    }
+    Ok(saturating_digits(digits))
 }
 
 /// A switch: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`
@@ -96,7 +118,9 @@ mod tests {
         assert!(bytes("-1").is_err());
         assert!(bytes("1.5M").is_err());
         assert!(bytes("3T").is_err());
-        assert!(bytes("99999999999999999999G").is_err());
+        assert_eq!(bytes("99999999999999999999"), Ok(usize::MAX));
+        assert_eq!(bytes("99999999999999999999G"), Ok(usize::MAX));
+        assert_eq!(bytes(&format!("{}G", usize::MAX >> 29)), Ok(usize::MAX));
     }
 
     #[test]
@@ -113,6 +137,11 @@ mod tests {
             Ok(Some(Duration::from_millis(250)))
         );
         assert!(seconds_or_never("NaN").is_err());
+        assert!(seconds_or_never("1e-12").is_err_and(|r| r.contains("nanosecond")));
+        assert_eq!(seconds_or_never("1e-9"), Ok(Some(Duration::from_nanos(1))));
+        assert_eq!(seconds_or_never("1e300"), Ok(Some(Duration::MAX)));
+        assert_eq!(millis("1e300"), Ok(Duration::MAX));
+        assert_eq!(millis("0.0000001"), Ok(Duration::ZERO));
     }
 
     #[test]
@@ -121,7 +150,12 @@ mod tests {
         assert_eq!(switch("Off"), Ok(false));
         assert!(switch("2").is_err());
         assert_eq!(count("1024"), Ok(1024));
+        assert_eq!(count(" 7 "), Ok(7));
         assert!(count("-3").is_err());
+        assert!(count("+3").is_err());
+        assert!(count("").is_err());
+        assert_eq!(count("18446744073709551615"), Ok(usize::MAX));
+        assert_eq!(count("99999999999999999999999"), Ok(usize::MAX));
     }
 
     proptest! {
@@ -138,6 +172,12 @@ mod tests {
             let _ = seconds_or_never(&text);
             let _ = count(&text);
             let _ = switch(&text);
+        }
+
+        #[test]
+        fn counts_read_every_integer(n in any::<usize>()) {
+            prop_assert_eq!(count(&n.to_string()), Ok(n));
+            prop_assert_eq!(bytes(&n.to_string()), Ok(n));
         }
 
         #[test]

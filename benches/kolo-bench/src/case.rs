@@ -2,6 +2,8 @@
 //! reset between iterations where the op works in place, run through a
 //! backend's [`Collectives`], and checked against the reference.
 
+use crate::buffer::{self, Pattern};
+use crate::error::BenchError;
 use crate::op::BenchOp;
 use crate::reference::{count_wrong, Spec};
 use kolo_transport::{Collectives, Element, Result, Scale};
@@ -14,8 +16,10 @@ const SENDRECV_TAG: u32 = 7;
 pub struct Case<T> {
     spec: Spec,
     rank: usize,
-    /// The send buffer; for the in-place ops (allreduce, broadcast) the
-    /// pristine input that `recv` is reset from.
+    /// The input, from which the in-place ops (allreduce, broadcast)
+    /// refill `recv`: no pristine copy of the whole input is kept.
+    pattern: Pattern<T>,
+    /// The send buffer (empty for the in-place ops).
     send: Vec<T>,
     /// The receive buffer; the in-place buffer for allreduce and broadcast.
     recv: Vec<T>,
@@ -24,24 +28,27 @@ pub struct Case<T> {
 }
 
 impl<T: Element> Case<T> {
-    /// Allocates and fills rank `rank`'s buffers for `spec`.
-    pub fn new(spec: Spec, rank: usize) -> Case<T> {
+    /// Allocates and fills rank `rank`'s buffers for `spec`; an error naming
+    /// the buffer when the allocator refuses it.
+    pub fn new(spec: Spec, rank: usize) -> Result<Case<T>, BenchError> {
         let layout = spec.layout;
-        let send: Vec<T> = (0..layout.send)
-            .map(|i| T::from_f64(spec.send_value(rank, i)))
-            .collect();
-        let recv = if in_place(spec.op) {
-            send.clone()
+        let pattern = Pattern::new(&spec, rank);
+        let (send, recv) = if in_place(spec.op) {
+            (Vec::new(), buffer::input(&spec, &pattern, 0, layout.recv)?)
         } else {
-            vec![T::default(); layout.recv]
+            (
+                buffer::input(&spec, &pattern, 0, layout.send)?,
+                buffer::zeroed(&spec, layout.recv)?,
+            )
         };
-        Case {
+        Ok(Case {
             spec,
             rank,
+            pattern,
             send,
             recv,
             counts: vec![layout.block; spec.ranks],
-        }
+        })
     }
 
     /// Prepares the next iteration (untimed). An in-place allreduce needs its
@@ -50,8 +57,8 @@ impl<T: Element> Case<T> {
     /// an earlier iteration cannot pass the check.
     pub fn prepare(&mut self, last: bool) {
         match self.spec.op {
-            BenchOp::Allreduce => self.recv.copy_from_slice(&self.send),
-            BenchOp::Broadcast if last => self.recv.copy_from_slice(&self.send),
+            BenchOp::Allreduce => self.pattern.fill(&mut self.recv, 0),
+            BenchOp::Broadcast if last => self.pattern.fill(&mut self.recv, 0),
             _ if last => self.recv.fill(T::default()),
             _ => {}
         }
@@ -193,7 +200,7 @@ mod tests {
                 layout: op.layout(1024, 4, 2),
                 ranks: 2,
             };
-            let mut case = Case::<i32>::new(spec, 1);
+            let mut case = Case::<i32>::new(spec, 1).unwrap();
             // Warm-up, then the checked iteration.
             for last in [false, true] {
                 case.prepare(last);

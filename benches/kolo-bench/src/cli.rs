@@ -162,6 +162,12 @@ impl Args {
         if self.iters == 0 {
             return Err(BenchError::InvalidArgs("--iters must be at least 1".into()));
         }
+        if self.warmup.checked_add(self.iters).is_none() {
+            return Err(BenchError::InvalidArgs(format!(
+                "--warmup {} plus --iters {} does not fit in 64 bits",
+                self.warmup, self.iters
+            )));
+        }
         if self.tensors == 0 {
             return Err(BenchError::InvalidArgs(
                 "--tensors must be at least 1".into(),
@@ -338,6 +344,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--iters"), "{err}");
+        let huge = usize::MAX.to_string();
+        let err = parse(&["--iters", &huge, "--warmup", "1"])
+            .unwrap()
+            .plan()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--warmup 1 plus --iters"), "{err}");
         let err = parse(&["--min-bytes", "1M", "--max-bytes", "1K"])
             .unwrap()
             .plan()

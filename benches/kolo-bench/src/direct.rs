@@ -12,7 +12,7 @@ use crate::plan::Plan;
 use crate::reference::Spec;
 use crate::report::Reporter;
 use crate::row::{Mode, Row, RunInfo};
-use crate::stats::{summarize, RankReport};
+use crate::stats::{summarize, RankReport, RESERVED_TIMES};
 use kolo_transport::{
     with_element_type, Backend, Element, Result as TransportResult, TransportError,
 };
@@ -117,9 +117,10 @@ fn measure<B: Backend, T: Element>(
     plan: &Plan,
 ) -> Result<RankReport, BenchError> {
     let rank = comm.rank();
-    let mut case = Case::<T>::new(spec, rank);
-    let mut times_us = Vec::with_capacity(plan.iters);
-    let total = plan.warmup + plan.iters;
+    let mut case = Case::<T>::new(spec, rank)?;
+    let mut times_us = Vec::with_capacity(plan.iters.min(RESERVED_TIMES));
+    // `Args::plan` bounds warmup + iters.
+    let total = plan.warmup.saturating_add(plan.iters);
     for iteration in 0..total {
         case.prepare(iteration + 1 == total);
         if iteration == plan.warmup {
@@ -145,11 +146,12 @@ fn measure_with_baseline<B: Backend, T: Element, X: Baseline>(
     baseline: &X,
 ) -> Result<(RankReport, RankReport), BenchError> {
     let rank = comm.rank();
-    let mut kolo = Case::<T>::new(spec, rank);
-    let mut plain = Case::<T>::new(spec, rank);
-    let mut kolo_us = Vec::with_capacity(plan.iters);
-    let mut plain_us = Vec::with_capacity(plan.iters);
-    let total = plan.warmup + plan.iters;
+    let mut kolo = Case::<T>::new(spec, rank)?;
+    let mut plain = Case::<T>::new(spec, rank)?;
+    let mut kolo_us = Vec::with_capacity(plan.iters.min(RESERVED_TIMES));
+    let mut plain_us = Vec::with_capacity(plan.iters.min(RESERVED_TIMES));
+    // `Args::plan` bounds warmup + iters.
+    let total = plan.warmup.saturating_add(plan.iters);
     for iteration in 0..total {
         let last = iteration + 1 == total;
         kolo.prepare(last);

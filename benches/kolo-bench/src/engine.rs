@@ -7,14 +7,14 @@
 //! nothing but a [`Kolo`] and works on any backend the facade can start.
 
 use crate::cli::Args;
-use crate::engine_case::{EngineCase, Submission};
+use crate::engine_case::{skip_reason, EngineCase, Submission};
 use crate::error::BenchError;
 use crate::op::BenchOp;
 use crate::plan::Plan;
 use crate::reference::Spec;
 use crate::report::Reporter;
 use crate::row::{Row, RunInfo};
-use crate::stats::{summarize, RankReport};
+use crate::stats::{summarize, RankReport, RESERVED_TIMES};
 use kolo::Kolo;
 use kolo_transport::{with_element_type, Element};
 use std::time::{Duration, Instant};
@@ -107,17 +107,44 @@ pub fn engine_plan(
     })
 }
 
-/// Runs the sweep on `args.ranks` thread ranks, each with its own engine.
+/// Whether engine mode has a size to measure on `ranks` ranks with
+/// `options.tensors` tensors per step: an error saying why every size is
+/// skipped, rather than empty tables and success.
+pub fn measurable(plan: &Plan, options: &EngineOptions, ranks: usize) -> Result<(), BenchError> {
+    let mut last_reason = None;
+    for op in engine_ops(&plan.ops)? {
+        for layout in plan.layouts(op, ranks) {
+            let spec = Spec {
+                op,
+                dtype: plan.dtype,
+                redop: plan.redop,
+                layout,
+                ranks,
+            };
+            match skip_reason(&spec, options.tensors) {
+                None => return Ok(()),
+                Some(reason) => last_reason = Some(format!("{op} {reason}")),
+            }
+        }
+    }
+    Err(BenchError::InvalidArgs(format!(
+        "--tensors {}: no size of the sweep can be measured on {ranks} ranks; the largest: {}",
+        options.tensors,
+        last_reason.unwrap_or_default()
+    )))
+}
+
+/// Runs the sweep on `ranks` thread ranks, each with its own engine.
 pub fn run_threads(
-    args: &Args,
+    ranks: usize,
     plan: &Plan,
+    options: &EngineOptions,
     info: &RunInfo,
     reporter: &Reporter,
 ) -> Result<Vec<Row>, BenchError> {
-    let options = EngineOptions::from_args(args)?;
-    let plan = engine_plan(plan, &options, reporter)?;
-    let outcomes = kolo::threads::run(args.ranks, options.config.clone(), |kolo| {
-        Ok(run_rank(kolo, &plan, &options, info, reporter))
+    let plan = engine_plan(plan, options, reporter)?;
+    let outcomes = kolo::threads::run(ranks, options.config.clone(), |kolo| {
+        Ok(run_rank(kolo, &plan, options, info, reporter))
     })
     .map_err(|e| BenchError::Launch {
         backend: "threads (engine)",
@@ -185,8 +212,13 @@ fn sweep<T: Element>(
                 ranks,
             };
             // Every rank skips the same sizes: too small for K tensors.
-            let Some(case) = EngineCase::<T>::new(spec, rank, options.tensors, options.submission)
-            else {
+            let made = EngineCase::<T>::new(spec, rank, options.tensors, options.submission);
+            let Some(case) = made? else {
+                if rank == 0 {
+                    if let Some(reason) = skip_reason(&spec, options.tensors) {
+                        reporter.print(&format!("#   {reason}"))?;
+                    }
+                }
                 continue;
             };
             if rank == 0 {
@@ -254,8 +286,9 @@ fn measure<T: Element>(
         rank: kolo.rank(),
         source,
     };
-    let total = plan.warmup + plan.iters;
-    let mut times_us = Vec::with_capacity(plan.iters);
+    // `Args::plan` bounds warmup + iters.
+    let total = plan.warmup.saturating_add(plan.iters);
+    let mut times_us = Vec::with_capacity(plan.iters.min(RESERVED_TIMES));
     let mut before = kolo.stats();
     for iteration in 0..total {
         case.prepare(iteration + 1 == total);

@@ -6,7 +6,9 @@
 //! allreduce and broadcast); the results are put back where direct mode
 //! would have them, so the same reference checks them.
 
+use crate::buffer::{self, Pattern};
 use crate::case::wrong_elements;
+use crate::error::BenchError;
 use crate::op::BenchOp;
 use crate::reference::Spec;
 use kolo::{Element, Error, Handle, Kolo, TensorMut};
@@ -38,6 +40,35 @@ fn split_mut<'a, T>(mut buf: &'a mut [T], ranges: &[Range<usize>]) -> Vec<&'a mu
     slices
 }
 
+/// The elements each tensor takes a part of: the whole buffer for
+/// allreduce and broadcast, a rank block for the gathered ops.
+fn split_len(spec: &Spec) -> usize {
+    match spec.op {
+        BenchOp::Allreduce | BenchOp::Broadcast | BenchOp::Sendrecv => spec.layout.count,
+        BenchOp::Allgather | BenchOp::Reducescatter | BenchOp::Alltoall => spec.layout.block,
+    }
+}
+
+/// Why `spec` cannot be split into `tensors` tensors (every rank skips the
+/// same sizes), or `None` when it can.
+pub fn skip_reason(spec: &Spec, tensors: usize) -> Option<String> {
+    let len = split_len(spec);
+    if tensors > 0 && len >= tensors {
+        return None;
+    }
+    let what = match spec.op {
+        BenchOp::Allreduce | BenchOp::Broadcast | BenchOp::Sendrecv => "element(s)",
+        BenchOp::Allgather | BenchOp::Reducescatter | BenchOp::Alltoall => {
+            "element(s) per rank block"
+        }
+    };
+    Some(format!(
+        "{} B skipped: {len} {what} cannot make {tensors} tensors of at least one element \
+         (use fewer --tensors or a larger size)",
+        spec.layout.bytes
+    ))
+}
+
 /// How a step submits its allreduces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Submission {
@@ -64,83 +95,91 @@ pub struct EngineCase<T> {
     /// Tensor i's part of a rank block (of the whole buffer for allreduce
     /// and broadcast).
     parts: Vec<Range<usize>>,
-    /// As in direct mode: the send buffer, or the pristine in-place input.
+    /// The input, from which allreduce and broadcast refill `recv`.
+    pattern: Pattern<T>,
+    /// Allgather's send buffer (empty for the other ops).
     send: Vec<T>,
-    /// As in direct mode: where the results land.
+    /// As in direct mode: where the results land (the in-place buffer of
+    /// allreduce and broadcast).
     recv: Vec<T>,
     /// Reduce-scatter and alltoall inputs: tensor i is part i of every
-    /// block of `send`, block after block.
+    /// block of this rank's input, block after block.
     staged: Vec<Vec<T>>,
     /// Gathered outputs waiting to be put in place (after the timing).
     pending: Vec<Vec<T>>,
 }
 
 impl<T: Element> EngineCase<T> {
-    /// Rank `rank`'s buffers for `spec` split into `tensors` tensors; `None`
-    /// when a tensor would be empty (a size smaller than `tensors` elements
-    /// per rank block).
+    /// Rank `rank`'s buffers for `spec` split into `tensors` tensors;
+    /// `Ok(None)` when a tensor would be empty ([`skip_reason`] says why),
+    /// an error when the allocator refuses a buffer.
     pub fn new(
         spec: Spec,
         rank: usize,
         tensors: usize,
         submission: Submission,
-    ) -> Option<EngineCase<T>> {
-        let layout = spec.layout;
-        let split_len = match spec.op {
-            BenchOp::Allreduce | BenchOp::Broadcast | BenchOp::Sendrecv => layout.count,
-            _ => layout.block,
-        };
-        if tensors == 0 || split_len < tensors {
-            return None;
+    ) -> Result<Option<EngineCase<T>>, BenchError> {
+        if skip_reason(&spec, tensors).is_some() {
+            return Ok(None);
         }
-        let parts = partition(split_len, tensors);
-        let send: Vec<T> = (0..layout.send)
-            .map(|i| T::from_f64(spec.send_value(rank, i)))
-            .collect();
-        let recv = match spec.op {
-            BenchOp::Allreduce | BenchOp::Broadcast => send.clone(),
-            _ => vec![T::default(); layout.recv],
+        let layout = spec.layout;
+        let parts = partition(split_len(&spec), tensors);
+        let pattern = Pattern::new(&spec, rank);
+        let send = match spec.op {
+            BenchOp::Allgather => buffer::input(&spec, &pattern, 0, layout.send)?,
+            _ => Vec::new(),
         };
+        let recv = match spec.op {
+            BenchOp::Allreduce | BenchOp::Broadcast => {
+                buffer::input(&spec, &pattern, 0, layout.recv)?
+            }
+            _ => buffer::zeroed(&spec, layout.recv)?,
+        };
+        // Tensor i of reduce-scatter and alltoall: part i of every block.
         let staged = match spec.op {
             BenchOp::Reducescatter | BenchOp::Alltoall => parts
                 .iter()
                 .map(|part| {
-                    (0..spec.ranks)
-                        .flat_map(|q| {
-                            &send[q * layout.block + part.start..q * layout.block + part.end]
-                        })
-                        .copied()
-                        .collect()
+                    let blocks =
+                        (0..spec.ranks).map(|q| (q * layout.block + part.start, part.len()));
+                    buffer::gathered_input(&spec, &pattern, blocks)
                 })
-                .collect(),
+                .collect::<Result<Vec<_>, _>>()?,
             _ => Vec::new(),
         };
         let names: Vec<String> = (0..tensors).map(|i| format!("t{i}")).collect();
-        // Only when asked; t0, t1, ... are distinct, so it cannot be refused.
         let group = if submission.tensor_group {
-            Some(kolo::TensorGroup::new(&names).ok()?)
+            Some(
+                kolo::TensorGroup::new(&names).map_err(|source| BenchError::Engine {
+                    op: "TensorGroup::new",
+                    bytes: layout.bytes,
+                    rank,
+                    source,
+                })?,
+            )
         } else {
             None
         };
-        Some(EngineCase {
+        Ok(Some(EngineCase {
             spec,
             rank,
             submission,
             names,
             group,
             parts,
+            pattern,
             send,
             recv,
             staged,
             pending: Vec::new(),
-        })
+        }))
     }
 
     /// Prepares the next step (untimed), as [`crate::case::Case::prepare`].
     pub fn prepare(&mut self, last: bool) {
         match self.spec.op {
-            BenchOp::Allreduce => self.recv.copy_from_slice(&self.send),
-            BenchOp::Broadcast if last => self.recv.copy_from_slice(&self.send),
+            BenchOp::Allreduce => self.pattern.fill(&mut self.recv, 0),
+            BenchOp::Broadcast if last => self.pattern.fill(&mut self.recv, 0),
             _ if last => self.recv.fill(T::default()),
             _ => {}
         }
@@ -274,6 +313,30 @@ fn wait_all<O>(handles: Vec<Handle<'_, O>>) -> Result<Vec<O>, Error> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn sizes_too_small_for_the_tensors_say_why() {
+        use kolo_protocol::{DataType, ReduceOp};
+        let spec = |op: BenchOp, bytes| Spec {
+            op,
+            dtype: DataType::F32,
+            redop: ReduceOp::Sum,
+            layout: op.layout(bytes, 4, 2),
+            ranks: 2,
+        };
+        assert_eq!(skip_reason(&spec(BenchOp::Allreduce, 64), 16), None);
+        let why = skip_reason(&spec(BenchOp::Allreduce, 64), 17).unwrap_or_default();
+        assert!(
+            why.contains("64 B") && why.contains("16 element(s)") && why.contains("17 tensors"),
+            "{why}"
+        );
+        let why = skip_reason(&spec(BenchOp::Allgather, 64), 9).unwrap_or_default();
+        assert!(why.contains("8 element(s) per rank block"), "{why}");
+        assert!(skip_reason(&spec(BenchOp::Allreduce, 64), 0).is_some());
+        let made =
+            EngineCase::<f32>::new(spec(BenchOp::Allreduce, 64), 0, 17, Submission::default());
+        assert!(matches!(made, Ok(None)));
+    }
 
     proptest! {
         #[test]

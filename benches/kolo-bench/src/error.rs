@@ -56,6 +56,64 @@ pub enum BenchError {
          `mpirun -np 4 target/release/kolo-bench --backend mpi ...`"
     )]
     MpiNotBuilt,
+    /// The ranks were started with different settings (under `mpirun`,
+    /// different arguments per rank): the first setting that differs,
+    /// rank 0's value and the first rank with another.
+    #[error(
+        "the ranks disagree on {field}: rank {first_rank} has {first_value}, \
+         rank {rank} has {value} (every rank of a job must be given the same arguments)"
+    )]
+    Disagreement {
+        field: String,
+        first_rank: usize,
+        first_value: String,
+        rank: usize,
+        value: String,
+    },
+    /// A rank's plan could not be read (another program, or another
+    /// version of kolo-bench, at that rank).
+    #[error("rank {rank} sent a plan this kolo-bench cannot read: {reason}")]
+    MalformedPlan { rank: usize, reason: String },
+    /// Exchanging the plans before the sweep failed.
+    #[error("exchanging the plans on rank {rank} failed: {source}")]
+    Exchange {
+        rank: usize,
+        #[source]
+        source: TransportError,
+    },
+    /// Another rank found, before the sweep, that it cannot run.
+    #[error("rank {rank} cannot run: {message}")]
+    PeerFailed { rank: usize, message: String },
+    /// The run's buffers do not fit in the memory a rank's host has free.
+    #[error(
+        "not enough memory on the host of rank {rank}: this run needs {need} per rank \
+         x {local_ranks} rank(s) on that host = {total}, but {available} is available \
+         ({origin}); use a smaller --max-bytes or fewer ranks per host"
+    )]
+    OutOfMemory {
+        rank: usize,
+        /// Bytes per rank, described ([`crate::size::describe_bytes`]).
+        need: String,
+        local_ranks: u64,
+        total: String,
+        available: String,
+        /// Where the figure comes from (`MemAvailable in /proc/meminfo`, ...).
+        origin: String,
+    },
+    /// A size whose buffers cannot even be counted in 64 bits.
+    #[error("{what}: the buffers would need more than 2^64 bytes per rank")]
+    TooLarge { what: String },
+    /// Allocating a buffer failed.
+    #[error(
+        "allocating {elements} elements of {dtype} for {op} of {bytes} bytes failed: {reason}"
+    )]
+    Allocation {
+        op: &'static str,
+        bytes: usize,
+        elements: usize,
+        dtype: &'static str,
+        reason: String,
+    },
     /// Writing the table or the JSON file failed.
     #[error("writing {path}: {source}")]
     Output {

@@ -29,7 +29,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod agreement;
 pub mod baseline;
+pub mod buffer;
 pub mod case;
 pub mod cli;
 pub mod compare;
@@ -38,7 +40,9 @@ pub mod engine;
 pub mod engine_case;
 pub mod error;
 pub mod floor;
+pub mod json_file;
 pub mod launcher;
+pub mod memory;
 pub mod op;
 pub mod plan;
 pub mod reference;
@@ -51,30 +55,60 @@ pub use error::BenchError;
 pub use op::BenchOp;
 pub use row::Row;
 
+use agreement::exchange::{AgreeJob, Proposal};
 use cli::Args;
 use direct::DirectJob;
+use engine::EngineOptions;
+use json_file::JsonFile;
 use launcher::{BackendKind, Launcher, ThreadsLauncher};
-use plan::Plan;
 use report::Reporter;
 use row::{table_footer, Mode, RunInfo};
 
 /// Runs the benchmark `args` describe, printing through `reporter`, and
 /// returns rank 0's rows (also written to `--json FILE` when given). Under
 /// MPI every process calls it; the other ranks return no rows.
+///
+/// Before any rank measures anything, the ranks agree on the plan (see
+/// [`agreement`]): ranks given different settings, a host without the
+/// memory the buffers need, or a `--json` file rank 0 cannot create stop
+/// every rank with the same error.
 pub fn run(args: &Args, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
     let plan = args.plan()?;
+    let engine = if args.engine || args.compare {
+        let options = EngineOptions::from_args(args)?;
+        engine::engine_ops(&plan.ops)?;
+        Some(options)
+    } else {
+        None
+    };
+    let proposal = Proposal::new(args, &plan, engine);
+    let json = JsonFile::new(args.json.clone());
     match args.backend {
         BackendKind::Threads => {
-            let rows = run_threads(args, &plan, reporter)?;
-            finish(args, reporter, rows)
+            let launcher = ThreadsLauncher { ranks: args.ranks };
+            let job = AgreeJob {
+                proposal: &proposal,
+                json: &json,
+            };
+            // Every rank returns the same verdict.
+            for verdict in launcher.launch(&job)? {
+                verdict?;
+            }
+            let rows = run_threads(args, &proposal, reporter)?;
+            finish(&json, reporter, rows)
         }
-        BackendKind::Mpi => run_mpi(args, &plan, reporter),
+        BackendKind::Mpi => run_mpi(args, proposal, json, reporter),
     }
 }
 
 /// Every rank a thread of this process: direct mode, engine mode, or both
 /// (`--compare`).
-fn run_threads(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
+fn run_threads(
+    args: &Args,
+    proposal: &Proposal,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    let plan = &proposal.plan;
     let info = |mode| RunInfo {
         mode,
         backend: args.backend.name().to_string(),
@@ -85,15 +119,16 @@ fn run_threads(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>
         },
     };
     let mut rows = Vec::new();
-    if !args.engine {
+    if proposal.direct {
         let launcher = ThreadsLauncher { ranks: args.ranks };
         let job = DirectJob::new(plan, info(Mode::Direct), reporter);
         rows.extend(launcher.launch(&job)?.into_iter().flatten());
     }
-    if args.engine || args.compare {
+    if let Some(options) = &proposal.engine {
         rows.extend(engine::run_threads(
-            args,
+            args.ranks,
             plan,
+            options,
             &info(Mode::Engine),
             reporter,
         )?);
@@ -102,19 +137,25 @@ fn run_threads(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>
 }
 
 #[cfg(feature = "mpi")]
-fn run_mpi(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
-    launcher::mpi::run(args, plan, reporter)
+fn run_mpi(
+    args: &Args,
+    proposal: Proposal,
+    json: JsonFile,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    launcher::mpi::run(args, proposal, json, reporter)
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &Args, _: &Plan, _: &Reporter) -> Result<Vec<Row>, BenchError> {
+fn run_mpi(_: &Args, _: Proposal, _: JsonFile, _: &Reporter) -> Result<Vec<Row>, BenchError> {
     Err(BenchError::MpiNotBuilt)
 }
 
 /// Rank 0's end of a run: the footer, the same-run comparison (when rows
-/// of one op and size were measured more than one way), the JSON file.
+/// of one op and size were measured more than one way), the JSON file
+/// (opened before the sweep).
 pub(crate) fn finish(
-    args: &Args,
+    json: &JsonFile,
     reporter: &Reporter,
     rows: Vec<Row>,
 ) -> Result<Vec<Row>, BenchError> {
@@ -122,11 +163,6 @@ pub(crate) fn finish(
     if let Some(table) = compare::comparison_table(&rows) {
         reporter.print(&table)?;
     }
-    if let Some(path) = &args.json {
-        std::fs::write(path, row::to_json(&rows)).map_err(|source| BenchError::Output {
-            path: path.display().to_string(),
-            source,
-        })?;
-    }
+    json.write(&rows)?;
     Ok(rows)
 }

@@ -90,6 +90,20 @@ impl Spec {
         }
     }
 
+    /// How often [`Spec::send_value`] repeats along a buffer:
+    /// `send_value(r, i + period) == send_value(r, i)` for every `i`, so a
+    /// buffer is filled (and refilled between iterations) from one period
+    /// instead of from a pristine copy of the whole input.
+    pub fn send_period(&self) -> usize {
+        match self.op {
+            // `(7 r + 3 i) % 4` repeats every 4 elements, products'
+            // `(r + i) % 3` every 3.
+            BenchOp::Allreduce | BenchOp::Reducescatter => 12,
+            // `copy_input`'s `7 i % 251`.
+            BenchOp::Allgather | BenchOp::Broadcast | BenchOp::Sendrecv | BenchOp::Alltoall => 251,
+        }
+    }
+
     /// The value rank `rank` must hold at element `index` of its receive
     /// buffer (the in-place buffer for allreduce and broadcast) after the
     /// collective.
@@ -197,6 +211,18 @@ mod tests {
                 let wrong = count_wrong(DataType::F64, out.iter().copied(), |i| spec.expected(rank, i, &exact));
                 prop_assert_eq!(wrong, 0);
             }
+        }
+    }
+
+    proptest! {
+        /// Filling a buffer from one period gives the same inputs.
+        #[test]
+        fn send_values_repeat_with_their_period(n in 1usize..9, rank_pick in 0usize..8, bytes in 1usize..1 << 20, index in 0usize..1 << 20, op_i in 0usize..6, redop_i in 0usize..5) {
+            let op = BenchOp::ALL[op_i];
+            let spec = Spec { op, dtype: DataType::F32, redop: ReduceOp::ALL[redop_i], layout: op.layout(bytes, 4, n), ranks: n };
+            let rank = rank_pick % n;
+            let period = spec.send_period();
+            prop_assert_eq!(spec.send_value(rank, index + period), spec.send_value(rank, index));
         }
     }
 

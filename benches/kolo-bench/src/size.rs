@@ -49,6 +49,21 @@ pub fn format_size(bytes: usize) -> String {
     bytes.to_string()
 }
 
+/// A byte count for messages: the exact count, with its size in the
+/// largest binary unit it reaches (`10737418240 B (10.0 GiB)`).
+pub fn describe_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    match UNITS.iter().find(|&&(unit, _)| bytes >= unit) {
+        Some(&(unit, name)) => format!("{bytes} B ({:.1} {name})", bytes as f64 / unit as f64),
+        None => format!("{bytes} B"),
+    }
+}
+
 /// The sizes `min, min*factor, min*factor^2, ...` up to and including `max`
 /// (nccl-tests' `-b`, `-e`, `-f`).
 ///
@@ -121,6 +136,15 @@ mod tests {
         }
         let overflow = parse_size("17179869184G").unwrap_err();
         assert!(overflow.to_string().contains("64 bits"), "{overflow}");
+    }
+
+    #[test]
+    fn described_bytes_keep_the_exact_count() {
+        assert_eq!(describe_bytes(0), "0 B");
+        assert_eq!(describe_bytes(1023), "1023 B");
+        assert_eq!(describe_bytes(1536), "1536 B (1.5 KiB)");
+        assert_eq!(describe_bytes(10 << 30), "10737418240 B (10.0 GiB)");
+        assert!(describe_bytes(u64::MAX).ends_with("TiB)"));
     }
 
     #[test]

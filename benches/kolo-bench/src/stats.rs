@@ -14,6 +14,11 @@ pub struct RankReport {
 
 const UNCHECKED: u64 = u64::MAX;
 
+/// Times reserved up front per size (more grow the vector, outside the
+/// timed call): a huge `--iters` is refused by the memory check, not by
+/// an allocation made before it.
+pub const RESERVED_TIMES: usize = 1 << 16;
+
 impl RankReport {
     /// Little-endian bytes: the wrong count (`u64::MAX` for unchecked), then
     /// each time as an `f64`.

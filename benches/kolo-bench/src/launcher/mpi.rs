@@ -4,15 +4,19 @@
 //! `MPI_Allreduce` on the same buffers); engine mode on a kolo engine from
 //! `Kolo::init_mpi`; `--compare` runs direct mode, then hands the same
 //! communicator to an engine for the engine sweep. Rank 0 prints the
-//! tables. A rank that fails ends the whole job (`MPI_Abort`, naming the
-//! rank), since its peers would otherwise wait for it forever.
+//! tables. Before the sweep every rank agrees on the plan (different
+//! arguments per rank are an error on all of them); a rank that fails
+//! during the sweep ends the whole job (`MPI_Abort`, naming the rank),
+//! since its peers would otherwise wait for it forever.
 
 use super::{Launcher, RankJob};
+use crate::agreement::exchange::{agree, Proposal};
 use crate::baseline::MpiAllreduce;
 use crate::cli::Args;
 use crate::direct::DirectJob;
 use crate::engine::{engine_plan, run_rank, EngineOptions};
 use crate::error::BenchError;
+use crate::json_file::JsonFile;
 use crate::plan::Plan;
 use crate::report::Reporter;
 use crate::row::{Mode, Row, RunInfo};
@@ -20,6 +24,7 @@ use kolo::Kolo;
 use kolo_mpi::{MpiComm, ThreadLevel};
 use kolo_transport::Topology;
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 
 /// This process's rank of an MPI job, for direct-mode jobs.
 pub struct MpiLauncher {
@@ -54,6 +59,21 @@ impl MpiLauncher {
         MpiAllreduce::new()
     }
 
+    /// Agrees with every rank on `proposal` (see
+    /// [`crate::agreement::exchange::agree`]).
+    pub fn agree(
+        &self,
+        proposal: &Proposal,
+        json: &JsonFile,
+        local: Option<BenchError>,
+    ) -> Result<(), BenchError> {
+        let mut comm = self.comm.try_borrow_mut().map_err(|_| BenchError::Launch {
+            backend: "mpi",
+            message: "a job is already running on this rank".into(),
+        })?;
+        agree(&mut *comm, proposal, json, local)
+    }
+
     /// Ends the whole job with `MPI_Abort`, printing `message` and this rank.
     pub fn abort(&self, message: &str) -> ! {
         self.comm.borrow().abort(1, message)
@@ -84,25 +104,31 @@ impl Launcher for MpiLauncher {
     }
 }
 
-/// Runs the sweep `args` and `plan` ask for on this process's rank; rank 0
-/// prints the tables and returns the rows, the other ranks return none.
-pub fn run(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
-    // Settings errors are found before MPI starts, identically on every rank.
-    let options = EngineOptions::from_args(args)?;
+/// Runs the sweep of `proposal` on this process's rank, once every rank
+/// agreed on it; rank 0 prints the tables and returns the rows (writing
+/// them to `json`), the other ranks return none.
+pub fn run(
+    args: &Args,
+    proposal: Proposal,
+    json: JsonFile,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
     if args.engine {
-        return run_engine(args, plan, &options, reporter);
+        return run_engine(args, proposal, json, reporter);
     }
     let launcher = MpiLauncher::init()?;
     let level = launcher.thread_level();
-    if args.compare && level < ThreadLevel::Serialized {
-        return Err(BenchError::Launch {
-            backend: "mpi",
-            message: format!(
-                "--compare hands the communicator to the engine's thread, which needs \
-                 MPI_THREAD_SERIALIZED or better; MPI granted {level:?}"
-            ),
-        });
-    }
+    // Told to every rank through the agreement, so that none is left
+    // waiting for this one.
+    let local = (args.compare && level < ThreadLevel::Serialized).then(|| BenchError::Launch {
+        backend: "mpi",
+        message: format!(
+            "--compare hands the communicator to the engine's thread, which needs \
+             MPI_THREAD_SERIALIZED or better; MPI granted {level:?}"
+        ),
+    });
+    launcher.agree(&proposal, &json, local)?;
+    let plan = &proposal.plan;
     let rank = launcher.rank();
     let silent = Reporter::silent();
     let reporter = if rank == 0 { reporter } else { &silent };
@@ -126,7 +152,7 @@ pub fn run(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, Be
         Ok(outputs) => outputs.into_iter().flatten().collect(),
         Err(e) => launcher.abort(&format!("kolo-bench: {e}")),
     };
-    if args.compare {
+    if let Some(options) = proposal.engine.as_ref().filter(|_| args.compare) {
         let kolo = Kolo::start_with_abort(
             launcher.into_comm(),
             options.config.clone(),
@@ -139,24 +165,55 @@ pub fn run(args: &Args, plan: &Plan, reporter: &Reporter) -> Result<Vec<Row>, Be
         rows.extend(engine_sweep(
             &kolo,
             plan,
-            &options,
+            options,
             &info(Mode::Engine),
             reporter,
         )?);
     }
-    root_finish(rank, args, reporter, rows)
+    root_finish(rank, &json, reporter, rows)
 }
 
-/// `--engine`: the sweep through `Kolo::init_mpi`'s engine.
+/// `--engine`: the sweep through an engine on MPI. MPI is initialised on
+/// the engine's thread, which makes every MPI call (as `Kolo::init_mpi`
+/// does, so `KOLO_MPI_THREADS_DISABLE=1` is honoured), and the ranks agree
+/// there on the raw communicator before the engine starts: a rank given
+/// other arguments cannot leave the engines waiting for each other.
 fn run_engine(
     args: &Args,
-    plan: &Plan,
-    options: &EngineOptions,
+    proposal: Proposal,
+    json: JsonFile,
     reporter: &Reporter,
 ) -> Result<Vec<Row>, BenchError> {
-    let kolo = Kolo::init_mpi(options.config.clone()).map_err(|e| BenchError::Launch {
-        backend: "mpi (engine)",
-        message: format!("{e} (run under mpirun)"),
+    let Some(options) = proposal.engine.clone() else {
+        return Err(BenchError::InvalidArgs(
+            "--engine without engine settings".into(),
+        ));
+    };
+    let json = Arc::new(json);
+    let refused: Arc<Mutex<Option<BenchError>>> = Arc::default();
+    let (agreed, file, why) = (proposal.clone(), Arc::clone(&json), Arc::clone(&refused));
+    let disable = options.config.mpi_threads_disable;
+    let started = Kolo::start_on_thread(
+        move || {
+            let mut comm = MpiComm::init(disable).map_err(|e| kolo::Error::Start {
+                message: format!("MPI initialisation failed: {e}"),
+            })?;
+            agree(&mut comm, &agreed, &file, None).map_err(|e| {
+                let message = e.to_string();
+                *why.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                kolo::Error::Start { message }
+            })?;
+            Ok(comm)
+        },
+        options.config.clone(),
+        |comm: &mut MpiComm, message: &str| comm.abort(1, message),
+    );
+    let kolo = started.map_err(|e| {
+        let refusal = refused.lock().unwrap_or_else(|p| p.into_inner()).take();
+        refusal.unwrap_or_else(|| BenchError::Launch {
+            backend: "mpi (engine)",
+            message: format!("{e} (run under mpirun)"),
+        })
     })?;
     let rank = kolo.rank();
     let silent = Reporter::silent();
@@ -175,8 +232,8 @@ fn run_engine(
         backend: "mpi".into(),
         tensors: args.tensors,
     };
-    let rows = engine_sweep(&kolo, plan, options, &info, reporter)?;
-    root_finish(rank, args, reporter, rows)
+    let rows = engine_sweep(&kolo, &proposal.plan, &options, &info, reporter)?;
+    root_finish(rank, &json, reporter, rows)
 }
 
 /// The engine sweep on `kolo`, then a shutdown. A failure on this rank
@@ -211,12 +268,12 @@ fn engine_sweep(
 /// rows.
 fn root_finish(
     rank: usize,
-    args: &Args,
+    json: &JsonFile,
     reporter: &Reporter,
     rows: Vec<Row>,
 ) -> Result<Vec<Row>, BenchError> {
     if rank == 0 {
-        crate::finish(args, reporter, rows)
+        crate::finish(json, reporter, rows)
     } else {
         Ok(Vec::new())
     }

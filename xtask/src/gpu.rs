@@ -1,17 +1,17 @@
-//! `cargo xtask test-gpu`: the GPU checks, built into `gpu-dist/`.
+//! `cargo xtask test-gpu`: the GPU checks and benchmarks, built into
+//! `gpu-dist/` with the scripts of `xtask/gpu/` that run them.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl,
-/// kolo-pipeline, kolo's GPU engine checks) and kolo-bench in release mode
-/// into `gpu-dist/` (debuginfo stripped) with kolo-nccl's `run-gpu.sh` as
-/// `run.sh`, kolo's `run-gpu-engine.sh` as `run-engine.sh` and
-/// kolo-pipeline's `run-gpu-pipeline.sh` as `run-pipeline.sh` (with
-/// kolo-nccl's `gpu-env.sh`, the prelude all three source); runs them
-/// when `nvidia-smi` works
-/// here, otherwise says how to run the folder on a GPU host.
+/// kolo-pipeline, kolo's GPU engine checks), kolo-nccl's `nccl_bench` and
+/// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
+/// every file of `xtask/gpu/` (`run.sh`, `run-engine.sh`,
+/// `run-pipeline.sh` and `gpu-env.sh`, the prelude the three source); runs
+/// them when `nvidia-smi` works here, otherwise says how to run the folder
+/// on a GPU host.
 pub(crate) fn test_gpu(root: &Path) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let build = |args: &[&str]| -> Result<String> {
@@ -80,6 +80,27 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
             .into_iter()
             .filter(|(name, _)| name == "gpu_engine"),
     );
+    // kolo-nccl's timings (a bench target, built like the tests).
+    let bench = build(&[
+        "test",
+        "--release",
+        "-p",
+        "kolo-nccl",
+        "--bench",
+        "nccl_bench",
+        "--no-run",
+        "--message-format=json",
+    ])?;
+    wanted.extend(
+        artifacts(&bench)
+            .into_iter()
+            .filter(|(name, _)| name == "nccl_bench"),
+    );
+    for needed in ["gpu_engine", "nccl_bench"] {
+        if !wanted.iter().any(|(name, _)| name == needed) {
+            bail!("cargo built no {needed} executable");
+        }
+    }
     match build(&[
         "build",
         "--release",
@@ -108,32 +129,8 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
         let _ = Command::new("strip").arg("--strip-debug").arg(&to).status();
         total += std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
     }
-    let script = dist.join("run.sh");
-    std::fs::copy(root.join("crates/kolo-nccl/run-gpu.sh"), &script)
-        .context("copying run-gpu.sh")?;
-    let engine_script = dist.join("run-engine.sh");
-    std::fs::copy(root.join("crates/kolo/run-gpu-engine.sh"), &engine_script)
-        .context("copying run-gpu-engine.sh")?;
-    let pipeline_script = dist.join("run-pipeline.sh");
-    std::fs::copy(
-        root.join("crates/kolo-pipeline/run-gpu-pipeline.sh"),
-        &pipeline_script,
-    )
-    .context("copying run-gpu-pipeline.sh")?;
-    // What the three scripts share (they source it from their folder).
-    std::fs::copy(
-        root.join("crates/kolo-nccl/gpu-env.sh"),
-        dist.join("gpu-env.sh"),
-    )
-    .context("copying gpu-env.sh")?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        for file in [&script, &engine_script, &pipeline_script] {
-            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o755))
-                .context("chmod run.sh")?;
-        }
-    }
+    let scripts = copy_scripts(&root.join("xtask/gpu"), &dist)?;
+    total += scripts;
     eprintln!(
         "xtask: {} ({} MiB): {}",
         dist.display(),
@@ -157,34 +154,48 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables (nccl_bench) at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());
     }
-    let status = Command::new("bash")
-        .arg(&script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run.sh failed ({status})");
-    }
-    let status = Command::new("bash")
-        .arg(&engine_script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run-engine.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run-engine.sh failed ({status})");
-    }
-    let status = Command::new("bash")
-        .arg(&pipeline_script)
-        .current_dir(&dist)
-        .status()
-        .context("running gpu-dist/run-pipeline.sh")?;
-    if !status.success() {
-        bail!("gpu-dist/run-pipeline.sh failed ({status})");
+    for script in ["run.sh", "run-engine.sh", "run-pipeline.sh"] {
+        let status = Command::new("bash")
+            .arg(script)
+            .current_dir(&dist)
+            .status()
+            .with_context(|| format!("running gpu-dist/{script}"))?;
+        if !status.success() {
+            bail!("gpu-dist/{script} failed ({status})");
+        }
     }
     Ok(())
+}
+
+/// Copies every file of `from` (the GPU scripts) into `dist`, executable;
+/// returns their bytes.
+fn copy_scripts(from: &Path, dist: &Path) -> Result<u64> {
+    let mut total = 0;
+    let entries = std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))?;
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("reading {}", from.display()))?
+            .path();
+        if !path.is_file() {
+            continue;
+        }
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        let to = dist.join(name);
+        total += std::fs::copy(&path, &to)
+            .with_context(|| format!("copying {} to {}", path.display(), to.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+                .with_context(|| format!("chmod {}", to.display()))?;
+        }
+    }
+    Ok(total)
 }

@@ -1,4 +1,4 @@
-//! The pure half of the copy-engine rounds (see `copy_engine.rs`): what
+//! The pure half of the copy-engine rounds (see `safe/copy_engine.rs`): what
 //! each rank posts through the board, and which copies a rank makes given
 //! every rank's posts, checked identically on every rank.
 

@@ -25,7 +25,7 @@ pub enum Mode {
     ThreadPerGpu,
 }
 
-/// How to build an [`NcclComm`].
+/// How to build an [`NcclComm`](crate::NcclComm).
 #[derive(Clone, Debug)]
 pub struct NcclOptions {
     /// The CUDA device; `None` picks the controller's local rank.

@@ -8,13 +8,13 @@
 //! (and at drop). Control-plane operations (the barrier) and collectives
 //! leave them staged: a barrier neither loses nor consumes messages.
 //!
-//! The first version issued only the sends to the peer being received
-//! from. With two ranks that is the same thing, but from three ranks up a
-//! ring (send to the right, barrier, receive from the left: the
-//! conformance suite's barrier check) hung: every rank posted a group of
-//! one receive and no send, each waiting for a send its left neighbour
-//! kept staged. Issuing everything pairs each rank's send with its right
-//! neighbour's receive in the same round (see the tests).
+//! Why every staged send and not only those to the peer being received
+//! from: from three ranks up, a ring (send to the right, barrier, receive
+//! from the left: the conformance suite's barrier check) would deadlock,
+//! every rank posting a group of one receive and no send, each waiting for
+//! a send its left neighbour kept staged. Issuing everything pairs each
+//! rank's send with its right neighbour's receive in the same round (see
+//! the tests).
 //!
 //! What stays unsupported: programs whose next receive is not matched by
 //! the peers' next issued groups, e.g. receiving messages in another order

@@ -1,8 +1,8 @@
 //! How a reduction of one dtype, operation and scale maps onto NCCL plus
-//! kolo-nccl's scale kernel ([`crate::scale_ptx`]): a built-in operation
-//! or a `PreMulSum` whose scalar folds every factor in, with the scale
-//! kernel before and / or after where NCCL cannot express the scaling.
-//! Pure functions over data.
+//! kolo-nccl's scale kernel (hand-written PTX, see the crate docs): a
+//! built-in operation or a `PreMulSum` whose scalar folds every factor in,
+//! with the scale kernel before and / or after where NCCL cannot express
+//! the scaling. Pure functions over data.
 //!
 //! | dtype               | sum / average                         | min / max / product |
 //! |---------------------|---------------------------------------|---------------------|

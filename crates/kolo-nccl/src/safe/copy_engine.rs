@@ -8,8 +8,8 @@
 //! from `cuMemAlloc`) and access of every peer device to this device's
 //! stream-ordered memory pools (`cuMemPoolSetAccess`, for memory from
 //! `cuMemAllocAsync`, where cudarc allocates). Without the second the
-//! driver silently stages every peer copy through the host (the first
-//! version ran all-gathers at a tenth of the NVLink bandwidth).
+//! driver silently stages every peer copy through the host, at a fraction
+//! of the NVLink bandwidth.
 //!
 //! One *round* moves everything of a transaction (or one all-gather):
 //!

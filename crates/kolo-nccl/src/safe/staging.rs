@@ -1,25 +1,4 @@
-//! [`HostStaging`]: kolo's host-memory data plane
-//! ([`kolo_transport::Collectives`]) served by NCCL — copy the host slice to
-//! the device, run the NCCL operation, wait, copy back — so the one
-//! conformance suite runs on NCCL, in both modes. The control plane is
-//! forwarded to the controller the communicator was built with.
-//!
-//! Reductions match kolo's element semantics exactly: scales are applied
-//! on the host with [`Element::scale`] (prescale before, `postscale` / n
-//! after), 16-bit integers reduce as i32 and f16 / bf16 as f32 (see
-//! [`crate::widen`]). Everything travels as bytes, so every dtype works.
-//!
-//! Point-to-point: NCCL has no tags and its sends wait for the receiver,
-//! so `send` only stages the data on the device; every staged send is
-//! issued in one NCCL group with this rank's next receive, `sendrecv` or
-//! transaction, and at drop (see `outbox.rs`: rings of any size, such as
-//! send right / barrier / receive left, pair up). Messages
-//! between a pair are matched in the order sent whatever their tags:
-//! receiving in another order than sending (kolo-conformance's
-//! `unordered_p2p`) is not supported, and a receive of another length than
-//! the matching send is undefined (NCCL cannot report it). Zero-length
-//! messages are not sent at all. In copy-engine mode a transaction fails
-//! while sends to its peers are still staged.
+//! [`HostStaging`]: kolo's host data plane served by NCCL (see the type).
 
 use crate::error::NcclError;
 use crate::outbox::Outbox;
@@ -37,7 +16,28 @@ use kolo_transport::{
 /// piece.
 pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 
-/// Host collectives over an [`NcclComm`] (see the module docs).
+/// kolo's host-memory data plane ([`kolo_transport::Collectives`]) served
+/// by NCCL — copy the host slice to the device, run the NCCL operation,
+/// wait, copy back — so the one conformance suite runs on NCCL, in both
+/// modes. The control plane is forwarded to the controller the
+/// communicator was built with.
+///
+/// Reductions match kolo's element semantics exactly: scales are applied
+/// on the host with [`Element::scale`] (prescale before, `postscale` / n
+/// after), 16-bit integers reduce as i32 (wrapping arithmetic truncates
+/// back exactly) and f16 / bf16 as f32 (rounded back once). Everything
+/// travels as bytes, so every dtype works.
+///
+/// Point-to-point: NCCL has no tags and its sends wait for the receiver,
+/// so `send` only stages the data on the device; every staged send is
+/// issued in one NCCL group with this rank's next receive, `sendrecv` or
+/// transaction, and at drop (so rings of any size, such as send right /
+/// barrier / receive left, pair up). Messages between a pair are matched in the order sent whatever their tags:
+/// receiving in another order than sending (kolo-conformance's
+/// `unordered_p2p`) is not supported, and a receive of another length than
+/// the matching send is undefined (NCCL cannot report it). Zero-length
+/// messages are not sent at all. In copy-engine mode a transaction fails
+/// while sends to its peers are still staged.
 pub struct HostStaging<'a, C: Controller + ?Sized> {
     pub(crate) comm: &'a mut NcclComm,
     ctrl: &'a mut C,

@@ -288,7 +288,7 @@ impl<'a> DeviceTransaction<'a> {
 
     /// Schedules LLMQ's destructive all-to-all of `buf` (`size` blocks,
     /// block p for rank p): this rank's own block is not preserved and the
-    /// block from rank s lands in slot [`crate::plan::destructive_slot`].
+    /// block from rank s lands in slot [`crate::destructive_slot`].
     pub fn destructive_all_to_all<T: DeviceElement, B: DevicePtrMut<T>>(
         &mut self,
         buf: &'a mut B,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs kolo-pipeline's GPU checks from the folder `cargo xtask test-gpu`
-# builds (gpu-dist/, as run-pipeline.sh): NCCL channels with one thread
+# builds (gpu-dist/, with this script from xtask/gpu/): NCCL channels with one thread
 # per GPU (`gpu_nccl`), and with one process per GPU under mpirun
 # (`gpu_nccl_mpi`: widths 1,1 on 2 processes; widths 1,1,1 on 3
 # processes, where two ranks that share no channel share a GPU). Needs 2

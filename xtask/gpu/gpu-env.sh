@@ -1,13 +1,15 @@
 # Sourced by the GPU scripts in gpu-dist/ (run.sh, run-engine.sh,
-# run-pipeline.sh; `cargo xtask test-gpu` copies it there as gpu-env.sh):
-# what they share. After sourcing, the working directory is gpu-dist/ and
+# run-pipeline.sh; `cargo xtask test-gpu` copies this folder, xtask/gpu/,
+# there): what they share. After sourcing, the working directory is
+# gpu-dist/ and
 #   OUT       the log folder (${OUT:-./gpu-out}), created;
 #   gpus      the number of GPUs nvidia-smi lists (0 without a driver);
 #   MPIRUN    an array: mpirun with the flags kolo's GPU runs use
 #             (root allowed, oversubscription, no binding) and the
 #             variables the ranks need forwarded.
-# NVLink SHARP (NVLS) is off, as in the recorded anchors, and kolo-nccl
-# finds libnccl.so.2 (loaded at run time) inside a pip wheel — PyTorch's
+# NVLink SHARP (NVLS, NVLink multicast) is off: the baselines kolo's
+# numbers are compared with were measured without it, and on shared GPU
+# hosts it must stay off. kolo-nccl finds libnccl.so.2 (loaded at run time) inside a pip wheel — PyTorch's
 # NCCL keeps it in site-packages, off the loader's path — when the loader
 # does not know one and KOLO_NCCL_LIBRARY does not name one.
 set -uo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs kolo's GPU engine checks (the `gpu_engine` test binary that
-# `cargo xtask test-gpu` puts in gpu-dist/) on 1 and 2 GPUs, thread per GPU,
+# `cargo xtask test-gpu` puts in gpu-dist/, with this script from
+# xtask/gpu/) on 1 and 2 GPUs, thread per GPU,
 # and on 2 GPUs one process per GPU under mpirun (Kolo::init_nccl_mpi).
 # Logs go to ${OUT:-./gpu-out}; the exit status is 0 only if every run
 # passed (or was skipped for lack of GPUs).

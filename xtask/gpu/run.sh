@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs kolo's GPU checks (and, with BENCH=1, the bench tables) from the
-# folder `cargo xtask test-gpu` builds (gpu-dist/): at 1, 2 and GPUS GPUs,
-# in thread mode (one process, a thread per GPU) and in process mode (one
-# process per GPU under mpirun). Every step runs under `timeout`; its log
-# goes to $OUT/<step>.log, its bench rows as JSON lines to
-# $OUT/<step>.jsonl, and one line per step to $OUT/summary.txt:
+# kolo-nccl's GPU checks (gpu_threads, gpu_mpi) and, with BENCH=1, its
+# timings (nccl_bench), run from the folder `cargo xtask test-gpu` builds
+# (gpu-dist/, where this file is run.sh): at 1, 2 and GPUS GPUs, in thread
+# mode (one process, a thread per GPU) and in process mode (one process
+# per GPU under mpirun). Every step runs under `timeout`; its log goes to
+# $OUT/<step>.log, its bench rows as JSON lines to $OUT/<step>.jsonl, and
+# one line per step to $OUT/summary.txt:
 #
 #   PASS <step>                 every check of the step passed
 #   FAIL <step> (exit N)        a check failed (its `FAIL` lines are shown)
@@ -17,11 +18,15 @@
 #   GPUS=4 bash run.sh           # checks at 1, 2 and 4 GPUs
 #   BENCH=1 bash run.sh          # checks, then bench tables at the same counts
 #   CHECKS=0 BENCH=1 bash run.sh # bench tables only
+#   SMALL=1 BENCH=1 bash run.sh  # bench without the bandwidth tables
 #   STEP_TIMEOUT=900 bash run.sh # seconds per step (default 600)
 #   MPIRUN=/opt/openmpi/bin/mpirun bash run.sh
 #   KOLO_NCCL_LIBRARY=/path/to/libnccl.so.2 bash run.sh
 #
-# kolo-bench (built alongside) is not run here; see its --help.
+# The folder's other scripts: run-engine.sh (kolo's engine with GPU
+# tensors), run-pipeline.sh (kolo-pipeline's NCCL channels); gpu-env.sh is
+# what all three share. kolo-bench (built alongside) is not run here; see
+# its --help.
 # shellcheck source=/dev/null
 source "$(dirname "$0")/gpu-env.sh"
 : >"$OUT/summary.txt"
@@ -60,7 +65,6 @@ step() {
   echo "$verdict (log: $OUT/$name.log)" | tee -a "$OUT/summary.txt"
 }
 
-
 if [ "${CHECKS:-1}" != 0 ]; then
   for n in $counts; do
     step "threads-${n}gpu" "$n" ./gpu_threads --gpus "$n"
@@ -68,9 +72,11 @@ if [ "${CHECKS:-1}" != 0 ]; then
   done
 fi
 if [ "${BENCH:-0}" = 1 ]; then
+  small=()
+  [ "${SMALL:-0}" = 1 ] && small=(--small)
   for n in $counts; do
-    step "threads-bench-${n}gpu" "$n" ./gpu_threads --gpus "$n" --bench --no-checks
-    step "mpi-bench-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_mpi --bench --no-checks
+    step "threads-bench-${n}gpu" "$n" ./nccl_bench --bench --gpus "$n" "${small[@]}"
+    step "mpi-bench-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./nccl_bench --bench "${small[@]}"
   done
 fi
 

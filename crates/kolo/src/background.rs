@@ -256,6 +256,13 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         ) {
             Ok(cycle) => cycle,
             Err(CoordinatorError::Transport(e)) => return Err(Error::from_transport(e)),
+            Err(e @ CoordinatorError::CacheCapacityMismatch { capacity, .. }) => {
+                return Err(Error::Config {
+                    variable: "KOLO_CACHE_CAPACITY".into(),
+                    value: capacity.to_string(),
+                    reason: e.to_string(),
+                })
+            }
             Err(other) => {
                 return Err(Error::Transport(kolo_transport::TransportError::Backend(
                     other.to_string(),

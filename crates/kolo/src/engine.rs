@@ -213,6 +213,7 @@ impl Kolo {
         F: FnOnce(&mut B, &str) + Send + 'static,
         S: FnOnce(&Background<B, D>) -> Option<Weak<dyn Progress>> + Send + 'static,
     {
+        config.validate()?;
         let shared = Arc::new(Shared::default());
         let (commands, receiver) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Started, Error>>(1);

@@ -67,8 +67,9 @@ where
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
     S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
 {
-    // A timeline that cannot be created fails the run before any rank
-    // starts; rank 0's engine gets it open.
+    // Settings out of bounds and a timeline that cannot be created fail
+    // the run before any rank starts; rank 0's engine gets it open.
+    config.validate()?;
     let timeline = Mutex::new(Some(open_timeline(config, 0)?));
     let comms = kolo_threads::communicators(ranks).map_err(|e| Error::Start {
         message: format!("cannot create {ranks} thread ranks: {e}"),

@@ -167,3 +167,48 @@ fn a_panic_while_starting_is_reported_with_its_message() {
         "{err:?}"
     );
 }
+
+/// Settings out of bounds fail the start, naming the setting, before any
+/// rank runs — also for an engine started directly.
+#[test]
+fn settings_out_of_bounds_fail_the_start_naming_them() {
+    let huge = config().cache_capacity(usize::MAX);
+    let err = kolo::threads::run(2, huge.clone(), |_| Ok(())).unwrap_err();
+    assert!(
+        matches!(&err, Error::Config { variable, .. } if variable == "Config::cache_capacity"),
+        "{err:?}"
+    );
+    let comm = kolo_threads::communicators(1).unwrap().pop().unwrap();
+    let err = kolo::Kolo::start(comm, huge).unwrap_err();
+    assert!(matches!(&err, Error::Config { .. }), "{err:?}");
+}
+
+/// Ranks started with different cache capacities fail together, naming
+/// the variable, instead of disagreeing later on a cache slot.
+#[test]
+fn ranks_with_different_cache_capacities_fail_naming_the_setting() {
+    let comms = kolo_threads::communicators(2).unwrap();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let threads: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                s.spawn(move || {
+                    let kolo = kolo::Kolo::start(comm, config().cache_capacity(16 + rank)).unwrap();
+                    let mut x = [1i32; 2];
+                    expect_err(
+                        kolo.allreduce("x", &mut x, ReduceOp::Sum),
+                        "capacities differ",
+                    )
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for err in errors {
+        assert!(
+            matches!(&err, Error::Config { variable, .. } if variable == "KOLO_CACHE_CAPACITY"),
+            "{err:?}"
+        );
+    }
+}

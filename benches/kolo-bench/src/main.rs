@@ -3,7 +3,7 @@
 use clap::Parser;
 use kolo_bench::cli::Args;
 use kolo_bench::report::Reporter;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             kolo::init_logging(config.log_level);
         }
         Err(e) => {
-            eprintln!("kolo-bench: {e}");
+            say(&format!("kolo-bench: {e}"));
             return ExitCode::FAILURE;
         }
     }
@@ -31,14 +31,24 @@ fn main() -> ExitCode {
     let reporter = Reporter::new(true, progress);
     match kolo_bench::run(&args, &reporter) {
         Ok(rows) if rows.iter().any(|r| r.wrong.is_some_and(|w| w > 0)) => {
-            eprintln!("kolo-bench: some results were wrong (see #wrong)");
+            say("kolo-bench: some results were wrong (see #wrong)");
             ExitCode::FAILURE
         }
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             reporter.clear_progress();
-            eprintln!("kolo-bench: {e}");
+            say(&format!("kolo-bench: {e}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes `line` to stderr in one write: under mpirun every rank's stderr
+/// is merged, and a line written in pieces interleaves with another
+/// rank's.
+fn say(line: &str) {
+    let mut bytes = line.as_bytes().to_vec();
+    bytes.push(b'\n');
+    // Nothing is left to tell the user if stderr itself is gone.
+    let _ = std::io::stderr().lock().write_all(&bytes);
 }

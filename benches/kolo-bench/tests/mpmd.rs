@@ -98,6 +98,20 @@ fn disagreeing_arguments_end_in_an_error_naming_them() {
             "--redop: rank 0 has max, rank 1 has min",
         ),
     ];
+    // A rank whose arguments cannot run at all stops before MPI starts;
+    // mpirun then ends the job rather than leave its peer waiting.
+    let cases = cases.into_iter().chain([
+        (
+            &["--iters", "0"][..],
+            &["--iters", "2"][..],
+            "--iters must be at least 1",
+        ),
+        (
+            &["--engine"][..],
+            &["--engine", "--op", "sendrecv"][..],
+            "sendrecv has no engine operation",
+        ),
+    ]);
     for (a, b, wanted) in cases {
         let out = mpmd(a, b);
         assert_refused(&out, &format!("{a:?} : {b:?}"), wanted);

@@ -27,6 +27,10 @@ pub enum TransportError {
     /// The backend's own failure (an MPI or NCCL error code, ...).
     #[error("backend error: {0}")]
     Backend(String),
+    /// The backend does not offer this operation on its memory (see
+    /// [`crate::memory`]).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
 }
 
 /// A result whose error defaults to [`TransportError`].

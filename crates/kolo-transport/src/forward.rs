@@ -5,6 +5,7 @@
 
 use crate::element::Element;
 use crate::error::Result;
+use crate::memory::Memory;
 use crate::traits::{BitOp, Collectives, Controller, MemoryKind, Scale, Topology};
 use crate::transaction::Transaction;
 use kolo_protocol::ReduceOp;
@@ -44,27 +45,27 @@ impl<C: Controller + ?Sized> Controller for &mut C {
 
 /// Sized `C` only: the collectives are `where Self: Sized` methods, which
 /// cannot be called through an unsized `C`.
-impl<C: Collectives> Collectives for &mut C {
+impl<M: Memory, C: Collectives<M>> Collectives<M> for &mut C {
     fn memory(&self) -> MemoryKind {
         (**self).memory()
     }
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+    fn send<T: Element>(&mut self, buf: M::Ref<'_, T>, peer: usize, tag: u32) -> Result<()> {
         (**self).send(buf, peer, tag)
     }
-    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+    fn recv<T: Element>(&mut self, buf: M::Mut<'_, T>, peer: usize, tag: u32) -> Result<()> {
         (**self).recv(buf, peer, tag)
     }
     fn sendrecv<T: Element>(
         &mut self,
-        send: &[T],
+        send: M::Ref<'_, T>,
         dst: usize,
-        recv: &mut [T],
+        recv: M::Mut<'_, T>,
         src: usize,
         tag: u32,
     ) -> Result<()> {
         (**self).sendrecv(send, dst, recv, src, tag)
     }
-    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
+    fn allreduce<T: Element>(&mut self, buf: M::Mut<'_, T>, op: ReduceOp, scale: Scale) -> Result<()> {
         (**self).allreduce(buf, op, scale)
     }
     fn reduces_segments_in_place(&self) -> bool {
@@ -72,7 +73,7 @@ impl<C: Collectives> Collectives for &mut C {
     }
     fn allreduce_segments<T: Element>(
         &mut self,
-        segments: &mut [&mut [T]],
+        segments: &mut [M::Mut<'_, T>],
         op: ReduceOp,
         scale: Scale,
     ) -> Result<()> {
@@ -80,19 +81,19 @@ impl<C: Collectives> Collectives for &mut C {
     }
     fn allgatherv<T: Element>(
         &mut self,
-        send: &[T],
-        recv: &mut [T],
+        send: M::Ref<'_, T>,
+        recv: M::Mut<'_, T>,
         counts: &[usize],
     ) -> Result<()> {
         (**self).allgatherv(send, recv, counts)
     }
-    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
+    fn broadcast<T: Element>(&mut self, buf: M::Mut<'_, T>, root: usize) -> Result<()> {
         (**self).broadcast(buf, root)
     }
     fn reduce_scatter<T: Element>(
         &mut self,
-        send: &[T],
-        recv: &mut [T],
+        send: M::Ref<'_, T>,
+        recv: M::Mut<'_, T>,
         counts: &[usize],
         op: ReduceOp,
         scale: Scale,
@@ -101,9 +102,9 @@ impl<C: Collectives> Collectives for &mut C {
     }
     fn alltoallv<T: Element>(
         &mut self,
-        send: &[T],
+        send: M::Ref<'_, T>,
         send_counts: &[usize],
-        recv: &mut [T],
+        recv: M::Mut<'_, T>,
         recv_counts: &[usize],
     ) -> Result<()> {
         (**self).alltoallv(send, send_counts, recv, recv_counts)
@@ -111,7 +112,25 @@ impl<C: Collectives> Collectives for &mut C {
     fn barrier(&mut self) -> Result<()> {
         (**self).barrier()
     }
-    fn execute<T: Element>(&mut self, tx: Transaction<'_, T>) -> Result<()> {
+    fn execute<T: Element>(&mut self, tx: Transaction<'_, T, M>) -> Result<()> {
         (**self).execute(tx)
+    }
+    fn synchronize(&mut self) -> Result<()> {
+        (**self).synchronize()
+    }
+    fn new_buffer<T: Element>(&mut self, len: usize) -> Result<M::Owned<T>> {
+        (**self).new_buffer(len)
+    }
+    fn buffer_from<T: Element>(&mut self, data: &[T]) -> Result<M::Owned<T>> {
+        (**self).buffer_from(data)
+    }
+    fn read_buffer<T: Element>(&mut self, buf: M::Ref<'_, T>) -> Result<Vec<T>> {
+        (**self).read_buffer(buf)
+    }
+    fn pack_into<T: Element>(&mut self, srcs: &[M::Ref<'_, T>], dst: M::Mut<'_, T>) -> Result<()> {
+        (**self).pack_into(srcs, dst)
+    }
+    fn unpack_from<T: Element>(&mut self, src: M::Ref<'_, T>, dsts: &mut [M::Mut<'_, T>]) -> Result<()> {
+        (**self).unpack_from(src, dsts)
     }
 }

@@ -77,16 +77,19 @@
 
 pub mod algorithms;
 pub mod byte_view;
+pub mod copies;
 mod dispatch;
 pub mod element;
 pub mod error;
 mod forward;
+pub mod memory;
 pub mod traits;
 pub mod transaction;
 
 pub use algorithms::{Generic, BACKEND_TAG_BASE, RESERVED_TAG_BASE};
 pub use element::Element;
 pub use error::{Result, TransportError};
+pub use memory::{Host, Memory};
 pub use traits::{Backend, BitOp, Collectives, Controller, MemoryKind, Scale, Topology};
 pub use transaction::{Transaction, TxOp};
 

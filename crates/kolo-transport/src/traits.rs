@@ -3,6 +3,7 @@
 
 use crate::element::Element;
 use crate::error::Result;
+use crate::memory::{Host, Memory};
 use crate::transaction::Transaction;
 use kolo_protocol::ReduceOp;
 
@@ -95,34 +96,46 @@ pub trait Controller: Topology {
     fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()>;
 }
 
-/// The data plane on host memory. Every rank must make the same collective
-/// calls in the same order with compatible arguments; arguments that cannot
-/// match (lengths) are reported as [`crate::TransportError::InvalidArgument`]
-/// where a rank can see it locally.
+/// The data plane on memory `M` (host memory unless said otherwise: a
+/// backend of device memory implements `Collectives<ItsMemory>`). Every
+/// rank must make the same collective calls in the same order with
+/// compatible arguments; arguments that cannot match (lengths) are
+/// reported as [`crate::TransportError::InvalidArgument`] where a rank can
+/// see it locally.
 ///
-/// Only `send` and `recv` are required: every collective has a default
-/// written once in [`crate::algorithms`] against point-to-point messages
-/// (ring allreduce, ring allgatherv, binomial-tree broadcast, pairwise
-/// alltoallv, ...), so a point-to-point backend gets them all. Backends with
-/// native or shared-memory collectives override them.
+/// Only `send` and `recv` are required: on host memory every collective
+/// has a default written once in [`crate::algorithms`] against
+/// point-to-point messages (ring allreduce, ring allgatherv,
+/// binomial-tree broadcast, pairwise alltoallv, ...), so a point-to-point
+/// backend gets them all; backends with native or shared-memory
+/// collectives override them. A device memory's defaults fail (see
+/// [`Memory`]): its backend implements every collective.
 ///
-/// Counts are in elements, never bytes.
-pub trait Collectives: Topology {
+/// Operations are ordered: each one takes effect after the ones this rank
+/// called before it. Host backends complete an operation before they
+/// return; a device backend may return once the operation is queued in
+/// its stream's order, and [`Collectives::synchronize`] waits for it (and
+/// reports an asynchronous failure).
+///
+/// Buffers are `M`'s views: `M::Ref<'_, T>` to read (`&[T]` on the host),
+/// `M::Mut<'_, T>` to write (`&mut [T]`). Counts are in elements, never
+/// bytes.
+pub trait Collectives<M: Memory = Host>: Topology {
     /// Which memory the buffers live in.
     fn memory(&self) -> MemoryKind {
-        MemoryKind::Host
+        M::KIND
     }
 
     /// Sends `buf` to `peer` with `tag`. Messages between one pair with one
     /// tag arrive in the order sent. User tags must be below
     /// [`crate::RESERVED_TAG_BASE`]: the tags above it belong to the generic
     /// algorithms and to backends' internal messages.
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()>;
+    fn send<T: Element>(&mut self, buf: M::Ref<'_, T>, peer: usize, tag: u32) -> Result<()>;
 
-    /// Receives exactly `buf.len()` elements from `peer` with `tag`; a message
-    /// of another length is an `InvalidArgument` error naming both lengths.
-    /// User tags must be below [`crate::RESERVED_TAG_BASE`].
-    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()>;
+    /// Receives exactly `buf`'s length of elements from `peer` with `tag`;
+    /// a message of another length is an `InvalidArgument` error naming
+    /// both lengths. User tags must be below [`crate::RESERVED_TAG_BASE`].
+    fn recv<T: Element>(&mut self, buf: M::Mut<'_, T>, peer: usize, tag: u32) -> Result<()>;
 
     /// Sends `send` to `dst` and receives `recv` from `src` without
     /// deadlocking when every rank does the same (the exchange step of ring
@@ -130,9 +143,9 @@ pub trait Collectives: Topology {
     /// whose `send` does not wait for the receiver; others override it.
     fn sendrecv<T: Element>(
         &mut self,
-        send: &[T],
+        send: M::Ref<'_, T>,
         dst: usize,
-        recv: &mut [T],
+        recv: M::Mut<'_, T>,
         src: usize,
         tag: u32,
     ) -> Result<()> {
@@ -143,11 +156,11 @@ pub trait Collectives: Topology {
     /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
     /// divides the sum by `size` (see [`Scale::postscale_for`] and
     /// [`Element::scale`] for integers).
-    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()>
+    fn allreduce<T: Element>(&mut self, buf: M::Mut<'_, T>, op: ReduceOp, scale: Scale) -> Result<()>
     where
         Self: Sized,
     {
-        crate::algorithms::ring_allreduce(self, buf, op, scale)
+        M::allreduce(self, buf, op, scale)
     }
 
     /// True when [`Collectives::allreduce_segments`] reduces the segments
@@ -175,7 +188,7 @@ pub trait Collectives: Topology {
     /// it together with [`Collectives::reduces_segments_in_place`].
     fn allreduce_segments<T: Element>(
         &mut self,
-        segments: &mut [&mut [T]],
+        segments: &mut [M::Mut<'_, T>],
         op: ReduceOp,
         scale: Scale,
     ) -> Result<()>
@@ -183,27 +196,32 @@ pub trait Collectives: Topology {
         Self: Sized,
     {
         for segment in segments.iter_mut() {
-            self.allreduce(segment, op, scale)?;
+            self.allreduce(M::reborrow(segment), op, scale)?;
         }
         Ok(())
     }
 
     /// Concatenates every rank's `send` in rank order into `recv`.
-    /// `counts[r]` is rank r's element count; `send.len() == counts[rank]`
-    /// and `recv.len() == sum(counts)`.
-    fn allgatherv<T: Element>(&mut self, send: &[T], recv: &mut [T], counts: &[usize]) -> Result<()>
+    /// `counts[r]` is rank r's element count; `send` holds `counts[rank]`
+    /// elements and `recv` `sum(counts)`.
+    fn allgatherv<T: Element>(
+        &mut self,
+        send: M::Ref<'_, T>,
+        recv: M::Mut<'_, T>,
+        counts: &[usize],
+    ) -> Result<()>
     where
         Self: Sized,
     {
-        crate::algorithms::ring_allgatherv(self, send, recv, counts)
+        M::allgatherv(self, send, recv, counts)
     }
 
     /// The root's `buf` is copied into every rank's `buf`.
-    fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()>
+    fn broadcast<T: Element>(&mut self, buf: M::Mut<'_, T>, root: usize) -> Result<()>
     where
         Self: Sized,
     {
-        crate::algorithms::tree_broadcast(self, buf, root)
+        M::broadcast(self, buf, root)
     }
 
     /// Reduces every rank's `send` (length `sum(counts)`, same on all ranks)
@@ -211,8 +229,8 @@ pub trait Collectives: Topology {
     /// `counts[rank]`) in `recv`, scaled as in `allreduce`.
     fn reduce_scatter<T: Element>(
         &mut self,
-        send: &[T],
-        recv: &mut [T],
+        send: M::Ref<'_, T>,
+        recv: M::Mut<'_, T>,
         counts: &[usize],
         op: ReduceOp,
         scale: Scale,
@@ -220,22 +238,22 @@ pub trait Collectives: Topology {
     where
         Self: Sized,
     {
-        crate::algorithms::ring_reduce_scatter(self, send, recv, counts, op, scale)
+        M::reduce_scatter(self, send, recv, counts, op, scale)
     }
 
     /// `send` holds `send_counts[p]` elements for each peer p, peer after
     /// peer; `recv` receives `recv_counts[p]` from each peer p, in peer order.
     fn alltoallv<T: Element>(
         &mut self,
-        send: &[T],
+        send: M::Ref<'_, T>,
         send_counts: &[usize],
-        recv: &mut [T],
+        recv: M::Mut<'_, T>,
         recv_counts: &[usize],
     ) -> Result<()>
     where
         Self: Sized,
     {
-        crate::algorithms::pairwise_alltoallv(self, send, send_counts, recv, recv_counts)
+        M::alltoallv(self, send, send_counts, recv, recv_counts)
     }
 
     /// Returns once every rank has entered.
@@ -243,20 +261,72 @@ pub trait Collectives: Topology {
     where
         Self: Sized,
     {
-        crate::algorithms::dissemination_barrier(self)
+        M::barrier(self)
     }
 
     /// Runs every operation of `tx` as one group: collectives run in the
     /// order scheduled; sends and receives may be matched in any order
     /// without deadlock on backends that issue the group natively (NCCL,
     /// MPI's non-blocking calls) or buffer their sends (kolo-threads). The
-    /// default, [`Transaction::run_default`], guarantees that only for
+    /// host default, [`Transaction::run_default`], guarantees that only for
     /// exchanges of paired sends and receives; see its documentation.
-    fn execute<T: Element>(&mut self, tx: Transaction<'_, T>) -> Result<()>
+    fn execute<T: Element>(&mut self, tx: Transaction<'_, T, M>) -> Result<()>
     where
         Self: Sized,
     {
-        tx.run_default(self)
+        M::execute(self, tx)
+    }
+
+    /// Waits until every operation this rank called has completed; the
+    /// first asynchronous failure among them is returned. Host backends
+    /// complete each operation before returning from it: the default
+    /// returns at once.
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// A new buffer of `len` elements of `M` (contents: zero bits, or
+    /// `T::default()` on the host), ordered like the operations.
+    fn new_buffer<T: Element>(&mut self, len: usize) -> Result<M::Owned<T>>
+    where
+        Self: Sized,
+    {
+        M::new_buffer(self, len)
+    }
+
+    /// A new buffer of `M` holding `data`.
+    fn buffer_from<T: Element>(&mut self, data: &[T]) -> Result<M::Owned<T>>
+    where
+        Self: Sized,
+    {
+        M::buffer_from(self, data)
+    }
+
+    /// The elements of `buf`, on the host, once every operation called
+    /// before has written them.
+    fn read_buffer<T: Element>(&mut self, buf: M::Ref<'_, T>) -> Result<Vec<T>>
+    where
+        Self: Sized,
+    {
+        M::read_buffer(self, buf)
+    }
+
+    /// Copies `srcs` one after another into `dst`, which holds exactly
+    /// their total length: a fused buffer's copy in (kolo-fusion).
+    fn pack_into<T: Element>(&mut self, srcs: &[M::Ref<'_, T>], dst: M::Mut<'_, T>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        M::pack_into(self, srcs, dst)
+    }
+
+    /// Copies consecutive pieces of `src`, which holds exactly their total
+    /// length, into `dsts`: a fused buffer's copy out.
+    fn unpack_from<T: Element>(&mut self, src: M::Ref<'_, T>, dsts: &mut [M::Mut<'_, T>]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        M::unpack_from(self, src, dsts)
     }
 }
 

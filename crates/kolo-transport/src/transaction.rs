@@ -2,19 +2,21 @@
 
 use crate::element::Element;
 use crate::error::Result;
+use crate::memory::{Host, Memory};
 use crate::traits::{Collectives, Scale};
 use crate::TransportError;
 use kolo_protocol::ReduceOp;
 
-/// One operation scheduled into a [`Transaction`].
+/// One operation scheduled into a [`Transaction`] on memory `M` (host
+/// memory unless said otherwise).
 #[derive(Debug)]
-pub enum TxOp<'a, T> {
+pub enum TxOp<'a, T: Element, M: Memory = Host> {
     /// Even reduce-scatter: `recv.len() * size == send.len()`.
     ReduceScatter {
         /// Every rank's full input.
-        send: &'a [T],
+        send: M::Ref<'a, T>,
         /// This rank's reduced block.
-        recv: &'a mut [T],
+        recv: M::Mut<'a, T>,
         /// The reduction.
         op: ReduceOp,
         /// Factors around it.
@@ -23,14 +25,14 @@ pub enum TxOp<'a, T> {
     /// Even all-gather: `send.len() * size == recv.len()`.
     AllGather {
         /// This rank's block.
-        send: &'a [T],
+        send: M::Ref<'a, T>,
         /// Every rank's block, in rank order.
-        recv: &'a mut [T],
+        recv: M::Mut<'a, T>,
     },
     /// Point-to-point send.
     Send {
         /// The data.
-        buf: &'a [T],
+        buf: M::Ref<'a, T>,
         /// The receiving rank.
         peer: usize,
         /// The message tag.
@@ -39,7 +41,7 @@ pub enum TxOp<'a, T> {
     /// Point-to-point receive.
     Recv {
         /// Where the data goes (its length is the message's).
-        buf: &'a mut [T],
+        buf: M::Mut<'a, T>,
         /// The sending rank.
         peer: usize,
         /// The message tag.
@@ -50,27 +52,22 @@ pub enum TxOp<'a, T> {
 /// Operations collected between `begin` ([`Transaction::new`]) and
 /// [`Collectives::execute`].
 #[derive(Debug)]
-pub struct Transaction<'a, T> {
-    ops: Vec<TxOp<'a, T>>,
+pub struct Transaction<'a, T: Element, M: Memory = Host> {
+    ops: Vec<TxOp<'a, T, M>>,
 }
 
-impl<T> Default for Transaction<'_, T> {
+impl<T: Element, M: Memory> Default for Transaction<'_, T, M> {
     fn default() -> Self {
         Transaction { ops: Vec::new() }
     }
 }
 
-impl<'a, T: Element> Transaction<'a, T> {
-    /// Begins an empty transaction.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
+impl<'a, T: Element, M: Memory> Transaction<'a, T, M> {
     /// Schedules an even reduce-scatter (`recv.len() * size == send.len()`).
     pub fn reduce_scatter(
         &mut self,
-        send: &'a [T],
-        recv: &'a mut [T],
+        send: M::Ref<'a, T>,
+        recv: M::Mut<'a, T>,
         op: ReduceOp,
         scale: Scale,
     ) -> &mut Self {
@@ -84,19 +81,20 @@ impl<'a, T: Element> Transaction<'a, T> {
     }
 
     /// Schedules an even all-gather (`send.len() * size == recv.len()`).
-    pub fn all_gather(&mut self, send: &'a [T], recv: &'a mut [T]) -> &mut Self {
+    pub fn all_gather(&mut self, send: M::Ref<'a, T>, recv: M::Mut<'a, T>) -> &mut Self {
         self.ops.push(TxOp::AllGather { send, recv });
         self
     }
 
     /// Schedules a send of `buf` to `peer` with `tag`.
-    pub fn send(&mut self, buf: &'a [T], peer: usize, tag: u32) -> &mut Self {
+    pub fn send(&mut self, buf: M::Ref<'a, T>, peer: usize, tag: u32) -> &mut Self {
         self.ops.push(TxOp::Send { buf, peer, tag });
         self
     }
 
-    /// Schedules a receive of `buf.len()` elements from `peer` with `tag`.
-    pub fn recv(&mut self, buf: &'a mut [T], peer: usize, tag: u32) -> &mut Self {
+    /// Schedules a receive of `buf`'s length of elements from `peer` with
+    /// `tag`.
+    pub fn recv(&mut self, buf: M::Mut<'a, T>, peer: usize, tag: u32) -> &mut Self {
         self.ops.push(TxOp::Recv { buf, peer, tag });
         self
     }
@@ -112,8 +110,16 @@ impl<'a, T: Element> Transaction<'a, T> {
     }
 
     /// The scheduled operations, in order.
-    pub fn into_ops(self) -> Vec<TxOp<'a, T>> {
+    pub fn into_ops(self) -> Vec<TxOp<'a, T, M>> {
         self.ops
+    }
+}
+
+impl<'a, T: Element> Transaction<'a, T, Host> {
+    /// Begins an empty transaction on host memory (on another memory:
+    /// `Transaction::default()`).
+    pub fn new() -> Self {
+        Self::default()
     }
 
     /// Runs the transaction on `comm` one operation at a time: collectives in

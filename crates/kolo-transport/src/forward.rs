@@ -65,7 +65,12 @@ impl<M: Memory, C: Collectives<M>> Collectives<M> for &mut C {
     ) -> Result<()> {
         (**self).sendrecv(send, dst, recv, src, tag)
     }
-    fn allreduce<T: Element>(&mut self, buf: M::Mut<'_, T>, op: ReduceOp, scale: Scale) -> Result<()> {
+    fn allreduce<T: Element>(
+        &mut self,
+        buf: M::Mut<'_, T>,
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()> {
         (**self).allreduce(buf, op, scale)
     }
     fn reduces_segments_in_place(&self) -> bool {
@@ -130,7 +135,11 @@ impl<M: Memory, C: Collectives<M>> Collectives<M> for &mut C {
     fn pack_into<T: Element>(&mut self, srcs: &[M::Ref<'_, T>], dst: M::Mut<'_, T>) -> Result<()> {
         (**self).pack_into(srcs, dst)
     }
-    fn unpack_from<T: Element>(&mut self, src: M::Ref<'_, T>, dsts: &mut [M::Mut<'_, T>]) -> Result<()> {
+    fn unpack_from<T: Element>(
+        &mut self,
+        src: M::Ref<'_, T>,
+        dsts: &mut [M::Mut<'_, T>],
+    ) -> Result<()> {
         (**self).unpack_from(src, dsts)
     }
 }

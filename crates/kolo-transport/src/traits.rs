@@ -156,7 +156,12 @@ pub trait Collectives<M: Memory = Host>: Topology {
     /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`
     /// divides the sum by `size` (see [`Scale::postscale_for`] and
     /// [`Element::scale`] for integers).
-    fn allreduce<T: Element>(&mut self, buf: M::Mut<'_, T>, op: ReduceOp, scale: Scale) -> Result<()>
+    fn allreduce<T: Element>(
+        &mut self,
+        buf: M::Mut<'_, T>,
+        op: ReduceOp,
+        scale: Scale,
+    ) -> Result<()>
     where
         Self: Sized,
     {
@@ -322,7 +327,11 @@ pub trait Collectives<M: Memory = Host>: Topology {
 
     /// Copies consecutive pieces of `src`, which holds exactly their total
     /// length, into `dsts`: a fused buffer's copy out.
-    fn unpack_from<T: Element>(&mut self, src: M::Ref<'_, T>, dsts: &mut [M::Mut<'_, T>]) -> Result<()>
+    fn unpack_from<T: Element>(
+        &mut self,
+        src: M::Ref<'_, T>,
+        dsts: &mut [M::Mut<'_, T>],
+    ) -> Result<()>
     where
         Self: Sized,
     {

@@ -34,6 +34,8 @@
 //! # Ok::<(), kolo::Error>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod background;
 mod batches;
 pub mod config;

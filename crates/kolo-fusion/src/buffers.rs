@@ -1,38 +1,49 @@
-//! Persistent fusion buffers, one per (device, dtype).
+//! Persistent fusion buffers, one per (device, dtype), in any memory.
 
+use crate::error::FusionError;
 use kolo_protocol::{DataType, Device};
-use kolo_transport::Element;
+use kolo_transport::{Collectives, Element, Host, Memory};
 use std::any::Any;
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::marker::PhantomData;
 
-/// One typed buffer behind `Any`, with its size in bytes.
+/// One typed allocation behind `Any`, with its size in bytes.
 struct Slot {
-    /// A `Vec<T>` whose `T::DTYPE` is the key's dtype.
+    /// An `M::Owned<T>` whose `T::DTYPE` is the key's dtype. Typed rather
+    /// than bytes because a [`Memory`] views only allocations of the
+    /// element type it made them with.
     data: Box<dyn Any + Send>,
     bytes: usize,
 }
 
-impl Slot {
-    fn empty<T: Element>() -> Self {
-        Slot {
-            data: Box::new(Vec::<T>::new()),
+/// Persistent fusion buffers in memory `M` (host memory unless said
+/// otherwise), one per (device, dtype), allocated on first use and
+/// replaced by a larger one (never shrunk) when a larger fused response
+/// comes.
+///
+/// The engine keeps one of these for its lifetime, so steady-state training
+/// allocates nothing per step. Host buffers start from [`new`](Self::new),
+/// those of another memory from `FusionBuffers::<M>::default()`; their
+/// allocations come from the backend, through
+/// [`Collectives::new_buffer`].
+pub struct FusionBuffers<M: Memory = Host> {
+    buffers: HashMap<(Device, DataType), Slot>,
+    bytes: usize,
+    memory: PhantomData<M>,
+}
+
+impl<M: Memory> Default for FusionBuffers<M> {
+    fn default() -> Self {
+        FusionBuffers {
+            buffers: HashMap::new(),
             bytes: 0,
+            memory: PhantomData,
         }
     }
 }
 
-/// Persistent host fusion buffers, one per (device, dtype), allocated on
-/// first use and grown (never shrunk) when a larger fused response comes.
-///
-/// The engine keeps one of these for its lifetime, so steady-state training
-/// allocates nothing per step.
-#[derive(Default)]
-pub struct FusionBuffers {
-    buffers: HashMap<(Device, DataType), Slot>,
-    bytes: usize,
-}
-
-impl std::fmt::Debug for FusionBuffers {
+impl<M: Memory> std::fmt::Debug for FusionBuffers<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut sizes: Vec<_> = self
             .buffers
@@ -41,60 +52,106 @@ impl std::fmt::Debug for FusionBuffers {
             .collect();
         sizes.sort();
         f.debug_struct("FusionBuffers")
+            .field("memory", &M::KIND)
             .field("buffers", &sizes)
             .field("bytes", &self.bytes)
             .finish()
     }
 }
 
-impl FusionBuffers {
-    /// No buffers yet; nothing is allocated until the first [`get`](Self::get).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The buffer for `device` and `T`, at least `len` elements long: grown
-    /// with `T::default()` when shorter.
-    fn buffer<T: Element>(&mut self, device: Device, len: usize) -> &mut Vec<T> {
-        let slot = self
-            .buffers
-            .entry((device, T::DTYPE))
-            .or_insert_with(Slot::empty::<T>);
-        if !slot.data.is::<Vec<T>>() {
-            // Two element types that claim one dtype: the newest one wins.
-            self.bytes -= slot.bytes;
-            *slot = Slot::empty::<T>();
-        }
-        let vec = match slot.data.downcast_mut::<Vec<T>>() {
-            Some(vec) => vec,
-            None => unreachable!("the slot was just checked or replaced to hold a Vec<T>"),
-        };
-        if vec.len() < len {
-            let grown = (len - vec.len()) * std::mem::size_of::<T>();
-            vec.resize(len, T::default());
-            slot.bytes += grown;
-            self.bytes += grown;
-        }
-        vec
-    }
-
-    /// A host buffer of exactly `len` elements for `device` (contents
-    /// unspecified but valid values of `T`).
-    pub fn get<T: Element>(&mut self, device: Device, len: usize) -> &mut [T] {
-        &mut self.buffer::<T>(device, len)[..len]
-    }
-
-    /// Two disjoint pieces of the buffer for `device`, `first` and `second`
-    /// elements long: the send and receive buffers of a fused collective
-    /// whose backend cannot work in place (allgatherv, reduce-scatter).
-    pub fn get_pair<T: Element>(
+impl<M: Memory> FusionBuffers<M> {
+    /// The allocation for `device` and `T`, at least `len` elements long.
+    /// A shorter one is dropped before `allocate` makes one of `len`
+    /// elements, so that a device never holds both; so is an allocation of
+    /// another element type that claims the same dtype (the newest type
+    /// wins). Dropping an allocation that queued work still uses is the
+    /// memory's to order (a device memory frees in stream order).
+    fn allocation<T: Element, E>(
         &mut self,
+        device: Device,
+        len: usize,
+        allocate: impl FnOnce(usize) -> Result<M::Owned<T>, E>,
+    ) -> Result<&mut M::Owned<T>, E> {
+        let key = (device, T::DTYPE);
+        let fits = self.buffers.get(&key).is_some_and(|slot| {
+            slot.data
+                .downcast_ref::<M::Owned<T>>()
+                .is_some_and(|owned| M::owned_len(owned) >= len)
+        });
+        if !fits {
+            if let Some(old) = self.buffers.remove(&key) {
+                self.bytes -= old.bytes;
+                drop(old);
+            }
+            let owned = allocate(len)?;
+            let bytes = M::owned_len(&owned).saturating_mul(std::mem::size_of::<T>());
+            self.bytes = self.bytes.saturating_add(bytes);
+            let data = Box::new(owned);
+            self.buffers.insert(key, Slot { data, bytes });
+        }
+        match self
+            .buffers
+            .get_mut(&key)
+            .and_then(|slot| slot.data.downcast_mut::<M::Owned<T>>())
+        {
+            Some(owned) => Ok(owned),
+            None => unreachable!("the slot was just checked or replaced to hold an M::Owned<T>"),
+        }
+    }
+
+    /// A view of exactly `len` elements of the buffer for `device` and `T`
+    /// (contents unspecified but valid values of `T`), allocated or grown
+    /// through `comm`'s [`Collectives::new_buffer`] when shorter.
+    ///
+    /// Fails when the allocation fails (a [`FusionError::Transport`]
+    /// error, the buffer given up) or is shorter than asked for
+    /// ([`FusionError::ShortAllocation`]).
+    pub fn buffer<C: Collectives<M>, T: Element>(
+        &mut self,
+        comm: &mut C,
+        device: Device,
+        len: usize,
+    ) -> Result<M::Mut<'_, T>, FusionError> {
+        let owned = self.allocation::<T, _>(device, len, |len| {
+            let owned = comm.new_buffer::<T>(len)?;
+            let allocated = M::owned_len(&owned);
+            if allocated < len {
+                return Err(FusionError::ShortAllocation {
+                    device,
+                    dtype: T::DTYPE,
+                    requested: len,
+                    allocated,
+                });
+            }
+            Ok(owned)
+        })?;
+        Ok(M::split_at_mut(M::view_mut(owned), len).0)
+    }
+
+    /// Two disjoint pieces of the buffer for `device` and `T`, `first` and
+    /// `second` elements long: the send and receive buffers of a fused
+    /// collective whose backend cannot work in place (allgatherv,
+    /// reduce-scatter). Fails as [`buffer`](Self::buffer) does, and with
+    /// [`FusionError::BufferOverflow`] when the pieces together hold more
+    /// than `usize::MAX` elements.
+    #[allow(clippy::type_complexity)] // two views of M: an alias would hide which
+    pub fn buffer_pair<C: Collectives<M>, T: Element>(
+        &mut self,
+        comm: &mut C,
         device: Device,
         first: usize,
         second: usize,
-    ) -> (&mut [T], &mut [T]) {
-        let len = first.saturating_add(second);
-        self.buffer::<T>(device, len)[..len].split_at_mut(first)
+    ) -> Result<(M::Mut<'_, T>, M::Mut<'_, T>), FusionError> {
+        let len = first
+            .checked_add(second)
+            .ok_or(FusionError::BufferOverflow {
+                device,
+                dtype: T::DTYPE,
+                first,
+                second,
+            })?;
+        let whole = self.buffer::<C, T>(comm, device, len)?;
+        Ok(M::split_at_mut(whole, first))
     }
 
     /// Bytes held by all buffers together.
@@ -103,9 +160,45 @@ impl FusionBuffers {
     }
 }
 
+impl FusionBuffers<Host> {
+    /// No host buffers yet; nothing is allocated until the first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A host buffer of exactly `len` elements for `device` (contents
+    /// unspecified but valid values of `T`), without a backend at hand:
+    /// host memory is allocated as [`Host`]'s `new_buffer` does.
+    pub fn get<T: Element>(&mut self, device: Device, len: usize) -> &mut [T] {
+        let allocated =
+            self.allocation::<T, Infallible>(device, len, |len| Ok(vec![T::default(); len]));
+        match allocated {
+            Ok(owned) => &mut owned[..len],
+            Err(never) => match never {},
+        }
+    }
+
+    /// Two disjoint host pieces of the buffer for `device`, `first` and
+    /// `second` elements long (see [`buffer_pair`](Self::buffer_pair)).
+    ///
+    /// # Panics
+    /// When `first + second` overflows `usize`, as allocating that many
+    /// would; [`buffer_pair`](Self::buffer_pair) reports it as an error.
+    pub fn get_pair<T: Element>(
+        &mut self,
+        device: Device,
+        first: usize,
+        second: usize,
+    ) -> (&mut [T], &mut [T]) {
+        let len = first.saturating_add(second);
+        self.get::<T>(device, len).split_at_mut(first)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Loopback, ShortAllocator};
 
     #[test]
     fn grows_and_never_shrinks() {
@@ -139,5 +232,114 @@ mod tests {
         a.fill(1);
         b.fill(2);
         assert_eq!(bufs.get::<i64>(Device::Cpu, 8)[..4], [1, 1, 1, 2]);
+    }
+
+    #[test]
+    fn buffers_through_a_backend_grow_and_keep_their_contents_while_they_fit() {
+        let mut comm = Loopback::default();
+        let mut bufs = FusionBuffers::<Host>::default();
+        let buf = bufs.buffer::<_, u16>(&mut comm, Device::Cpu, 6).unwrap();
+        assert_eq!(buf.len(), 6);
+        buf[5] = 9;
+        assert_eq!(bufs.bytes_allocated(), 6 * 2);
+        let (send, recv) = bufs
+            .buffer_pair::<_, u16>(&mut comm, Device::Cpu, 2, 4)
+            .unwrap();
+        assert_eq!((send.len(), recv.len(), recv[3]), (2, 4, 9));
+        let (send, recv) = bufs
+            .buffer_pair::<_, u16>(&mut comm, Device::Cpu, 4, 5)
+            .unwrap();
+        assert_eq!((send.len(), recv.len()), (4, 5));
+        assert_eq!(
+            bufs.bytes_allocated(),
+            9 * 2,
+            "the 6-element buffer was replaced"
+        );
+    }
+
+    /// An element type that claims another's dtype.
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    #[repr(transparent)]
+    struct OtherI64(i64);
+    // SAFETY: a transparent newtype of one `i64`: plain data, no padding,
+    // no pointers.
+    unsafe impl Element for OtherI64 {
+        const DTYPE: DataType = DataType::I64;
+        fn identity(op: kolo_protocol::ReduceOp) -> Self {
+            OtherI64(i64::identity(op))
+        }
+        fn reduce_into(acc: &mut [Self], src: &[Self], op: kolo_protocol::ReduceOp) {
+            for (a, s) in acc.iter_mut().zip(src) {
+                let (mut x, y) = ([a.0], [s.0]);
+                i64::reduce_into(&mut x, &y, op);
+                a.0 = x[0];
+            }
+        }
+        fn reduce_many(dst: &mut [Self], srcs: &[&[Self]], op: kolo_protocol::ReduceOp) {
+            dst.fill(Self::identity(op));
+            for src in srcs {
+                Self::reduce_into(dst, src, op);
+            }
+        }
+        fn scale(buf: &mut [Self], factor: f64) {
+            for v in buf {
+                let mut x = [v.0];
+                i64::scale(&mut x, factor);
+                v.0 = x[0];
+            }
+        }
+        fn from_f64(v: f64) -> Self {
+            OtherI64(i64::from_f64(v))
+        }
+        fn to_f64(self) -> f64 {
+            self.0.to_f64()
+        }
+    }
+
+    #[test]
+    fn a_type_claiming_a_dtype_in_use_replaces_its_buffer_instead_of_reading_it() {
+        let mut comm = Loopback::default();
+        let mut bufs = FusionBuffers::new();
+        bufs.buffer::<_, i64>(&mut comm, Device::Cpu, 8)
+            .unwrap()
+            .fill(5);
+        let other = bufs
+            .buffer::<_, OtherI64>(&mut comm, Device::Cpu, 2)
+            .unwrap();
+        assert_eq!(other, [OtherI64(0); 2], "a fresh buffer, not the i64s");
+        assert_eq!(bufs.bytes_allocated(), 2 * 8, "the i64 buffer was freed");
+        let back = bufs.buffer::<_, i64>(&mut comm, Device::Cpu, 1).unwrap();
+        assert_eq!(back, [0]);
+    }
+
+    #[test]
+    fn a_short_allocation_and_an_overflowing_pair_are_errors_naming_the_buffer() {
+        let mut comm = ShortAllocator(Loopback::default());
+        let mut bufs = FusionBuffers::new();
+        let err = bufs
+            .buffer::<_, f32>(&mut comm, Device::Cuda(2), 10)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            FusionError::ShortAllocation {
+                device: Device::Cuda(2),
+                dtype: DataType::F32,
+                requested: 10,
+                allocated: 9
+            }
+        );
+        assert_eq!(bufs.bytes_allocated(), 0, "the short buffer is not kept");
+
+        let mut comm = Loopback::default();
+        let err = bufs
+            .buffer_pair::<_, u8>(&mut comm, Device::Cpu, 3, usize::MAX)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the fusion buffer of u8 on cpu: pieces of 3 and {} elements overflow usize",
+                usize::MAX
+            )
+        );
     }
 }

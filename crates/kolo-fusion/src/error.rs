@@ -1,5 +1,6 @@
 //! The one error type of kolo-fusion.
 
+use kolo_protocol::{DataType, Device};
 use kolo_transport::TransportError;
 use thiserror::Error;
 
@@ -9,12 +10,13 @@ use thiserror::Error;
 /// not match the fused response: a kolo bug, reported instead of a panic.
 #[derive(Clone, Debug, Error, PartialEq)]
 pub enum FusionError {
-    /// The backend failed during the collective.
+    /// The backend failed: allocating a fusion buffer, copying into or out
+    /// of it, or in the collective.
     #[error(transparent)]
     Transport(#[from] TransportError),
 
-    /// `pack` / `unpack`: the tensors together hold a different number of
-    /// elements than the fused buffer.
+    /// `pack` / `unpack`: the tensors together hold fewer elements than the
+    /// fused buffer (more is [`FusionError::SegmentPastEnd`]).
     #[error("{op}: the {tensors} tensors hold {total} elements in all, but the fused buffer holds {buffer}")]
     FusedLength {
         /// `"pack"` or `"unpack"`.
@@ -25,6 +27,50 @@ pub enum FusionError {
         total: usize,
         /// Length of the fused buffer.
         buffer: usize,
+    },
+
+    /// `pack` / `unpack`: a tensor, laid out after the ones before it,
+    /// runs past the end of the fused buffer.
+    #[error("{op}: tensor {tensor} (elements {start}..{end}) runs past the end of the fused buffer of {buffer} elements", end = start.saturating_add(*len))]
+    SegmentPastEnd {
+        /// `"pack"` or `"unpack"`.
+        op: &'static str,
+        /// Index of the tensor.
+        tensor: usize,
+        /// Where the tensor begins in the fused buffer.
+        start: usize,
+        /// The tensor's length.
+        len: usize,
+        /// Length of the fused buffer.
+        buffer: usize,
+    },
+
+    /// The memory's backend allocated a fusion buffer shorter than asked
+    /// for: a bug of the backend, reported before anything is copied.
+    #[error("the fusion buffer of {dtype} on {device}: {requested} elements were asked for, but the memory allocated {allocated}")]
+    ShortAllocation {
+        /// The buffer's device.
+        device: Device,
+        /// The buffer's element type.
+        dtype: DataType,
+        /// Elements asked for.
+        requested: usize,
+        /// Elements the allocation holds.
+        allocated: usize,
+    },
+
+    /// The two pieces of a fusion buffer (send and receive) hold more than
+    /// `usize::MAX` elements together.
+    #[error("the fusion buffer of {dtype} on {device}: pieces of {first} and {second} elements overflow usize")]
+    BufferOverflow {
+        /// The buffer's device.
+        device: Device,
+        /// The buffer's element type.
+        dtype: DataType,
+        /// Elements of the first piece.
+        first: usize,
+        /// Elements of the second piece.
+        second: usize,
     },
 
     /// One tensor's buffer has the wrong number of elements.

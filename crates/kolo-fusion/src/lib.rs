@@ -37,9 +37,11 @@ mod error;
 mod execute;
 mod fusion_plan;
 mod pack;
+#[cfg(test)]
+mod testing;
 
 pub use buffers::FusionBuffers;
 pub use error::FusionError;
 pub use execute::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
 pub use fusion_plan::{fuse, fused_bytes, plan, plan_groups, FusionPlan};
-pub use pack::{pack, unpack, PARALLEL_COPY_BYTES};
+pub use pack::{pack, pack_into, unpack, unpack_from, PARALLEL_COPY_BYTES};

@@ -1,107 +1,121 @@
-//! Copies between tensors and a fused buffer, parallel when large.
+//! Copies between tensors and a fused buffer in any memory: the layout is
+//! checked here, so that a wrong one is an error naming the tensor; the
+//! copies are the backend's ([`Collectives::pack_into`] and
+//! [`Collectives::unpack_from`]: on the host
+//! [`kolo_transport::copies`], parallel when large).
 
 use crate::error::FusionError;
-use kolo_transport::Element;
-use rayon::prelude::*;
+use kolo_transport::{copies, Collectives, Element, Memory};
 
-/// Above this many bytes in all, copies run on the rayon pool.
-pub const PARALLEL_COPY_BYTES: usize = 1 << 20;
+pub use kolo_transport::copies::PARALLEL_COPY_BYTES;
 
-/// Large tensors are copied in pieces of at most this many bytes, so that
-/// one big tensor spreads over the pool too.
-const CHUNK_BYTES: usize = 256 << 10;
-
-/// Copies every `(dst, src)` pair (same lengths, checked by the callers):
-/// sequentially when small, else on the rayon pool, split per pair and big
-/// pairs in chunks.
-pub(crate) fn copy_pieces<T: Element>(pieces: Vec<(&mut [T], &[T])>) {
-    let elem = std::mem::size_of::<T>().max(1);
-    let total_bytes: usize = pieces.iter().map(|(dst, _)| dst.len() * elem).sum();
-    if total_bytes <= PARALLEL_COPY_BYTES {
-        for (dst, src) in pieces {
-            dst.copy_from_slice(src);
+/// Fails unless tensors of `lens`, laid out one after another from the
+/// start, fill a fused buffer of `buffer` elements exactly.
+fn check_layout(
+    op: &'static str,
+    lens: impl ExactSizeIterator<Item = usize>,
+    buffer: usize,
+) -> Result<(), FusionError> {
+    let tensors = lens.len();
+    let mut start = 0usize;
+    for (tensor, len) in lens.enumerate() {
+        match start.checked_add(len) {
+            Some(end) if end <= buffer => start = end,
+            _ => {
+                return Err(FusionError::SegmentPastEnd {
+                    op,
+                    tensor,
+                    start,
+                    len,
+                    buffer,
+                })
+            }
         }
-        return;
     }
-    let chunk = (CHUNK_BYTES / elem).max(1);
-    let chunks: Vec<(&mut [T], &[T])> = pieces
-        .into_iter()
-        .flat_map(|(dst, src)| dst.chunks_mut(chunk).zip(src.chunks(chunk)))
-        .collect();
-    chunks
-        .into_par_iter()
-        .for_each(|(dst, src)| dst.copy_from_slice(src));
+    if start == buffer {
+        Ok(())
+    } else {
+        Err(FusionError::FusedLength {
+            op,
+            tensors,
+            total: start,
+            buffer,
+        })
+    }
 }
 
-/// Copies `srcs` one after another into `dst`, which must hold exactly their
-/// total length (parallel for large inputs).
-pub fn pack<T: Element>(dst: &mut [T], srcs: &[&[T]]) -> Result<(), FusionError> {
-    let total: usize = srcs.iter().map(|s| s.len()).sum();
-    if total != dst.len() {
-        return Err(FusionError::FusedLength {
-            op: "pack",
-            tensors: srcs.len(),
-            total,
-            buffer: dst.len(),
-        });
-    }
-    let mut pieces = Vec::with_capacity(srcs.len());
-    let mut rest = dst;
-    for src in srcs {
-        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(src.len());
-        pieces.push((piece, *src));
-        rest = tail;
-    }
-    copy_pieces(pieces);
-    Ok(())
+/// Copies `srcs` one after another into `dst`, which must hold exactly
+/// their total length, with the backend's copies (on memory `M`).
+pub fn pack_into<M: Memory, C: Collectives<M>, T: Element>(
+    comm: &mut C,
+    srcs: &[M::Ref<'_, T>],
+    dst: M::Mut<'_, T>,
+) -> Result<(), FusionError> {
+    check_layout(
+        "pack",
+        srcs.iter().map(|src| M::len(*src)),
+        M::len_mut(&dst),
+    )?;
+    Ok(comm.pack_into(srcs, dst)?)
 }
 
 /// Copies consecutive pieces of `src` into `dsts`; `src` must hold exactly
-/// their total length (parallel for large outputs).
+/// their total length. The backend's copies, on memory `M`.
+pub fn unpack_from<M: Memory, C: Collectives<M>, T: Element>(
+    comm: &mut C,
+    src: M::Ref<'_, T>,
+    dsts: &mut [M::Mut<'_, T>],
+) -> Result<(), FusionError> {
+    check_layout("unpack", dsts.iter().map(M::len_mut), M::len(src))?;
+    Ok(comm.unpack_from(src, dsts)?)
+}
+
+/// [`pack_into`] on the host without a backend: copies `srcs` one after
+/// another into `dst` (parallel for large inputs).
+pub fn pack<T: Element>(dst: &mut [T], srcs: &[&[T]]) -> Result<(), FusionError> {
+    check_layout("pack", srcs.iter().map(|src| src.len()), dst.len())?;
+    Ok(copies::pack(dst, srcs)?)
+}
+
+/// [`unpack_from`] on the host without a backend: copies consecutive
+/// pieces of `src` into `dsts` (parallel for large outputs).
 pub fn unpack<T: Element>(src: &[T], dsts: &mut [&mut [T]]) -> Result<(), FusionError> {
-    let total: usize = dsts.iter().map(|d| d.len()).sum();
-    if total != src.len() {
-        return Err(FusionError::FusedLength {
-            op: "unpack",
-            tensors: dsts.len(),
-            total,
-            buffer: src.len(),
-        });
-    }
-    let mut pieces = Vec::with_capacity(dsts.len());
-    let mut rest = src;
-    for dst in dsts.iter_mut() {
-        let (piece, tail) = rest.split_at(dst.len());
-        pieces.push((&mut **dst, piece));
-        rest = tail;
-    }
-    copy_pieces(pieces);
-    Ok(())
+    check_layout("unpack", dsts.iter().map(|dst| dst.len()), src.len())?;
+    Ok(copies::unpack(src, dsts)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Loopback;
+    use kolo_transport::Host;
     use proptest::prelude::*;
 
     #[test]
-    fn length_mismatch_is_an_error() {
+    fn a_tensor_past_the_end_and_a_buffer_left_unfilled_are_errors_naming_them() {
         let mut dst = [0i32; 3];
         let err = pack(&mut dst, &[&[1, 2], &[3, 4]]).unwrap_err();
         assert_eq!(
             err,
-            FusionError::FusedLength {
+            FusionError::SegmentPastEnd {
                 op: "pack",
-                tensors: 2,
-                total: 4,
+                tensor: 1,
+                start: 2,
+                len: 2,
                 buffer: 3
             }
         );
+        assert_eq!(
+            err.to_string(),
+            "pack: tensor 1 (elements 2..4) runs past the end of the fused buffer of 3 elements"
+        );
         let mut a = [0i32; 1];
         let err = unpack(&[1, 2], &mut [&mut a[..]]).unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("hold 1 elements in all, but the fused buffer holds 2"));
+        assert_eq!(
+            err.to_string(),
+            "unpack: the 1 tensors hold 1 elements in all, but the fused buffer holds 2"
+        );
+        assert_eq!(dst, [0; 3], "nothing was copied");
     }
 
     #[test]
@@ -134,6 +148,55 @@ mod tests {
             let mut out_refs: Vec<&mut [i64]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
             unpack(&fused, &mut out_refs).unwrap();
             prop_assert_eq!(outs, tensors);
+        }
+
+        /// Through a backend: every tensor lands at the sum of the lengths
+        /// before it, and a buffer one element off either way is refused
+        /// naming the tensor that crosses its end or the shortfall.
+        #[test]
+        fn generic_pack_places_each_tensor_after_the_ones_before(
+            lens in prop::collection::vec(0usize..50, 0..10),
+            off_by in prop_oneof![Just(-1i64), Just(0), Just(1)],
+        ) {
+            let mut comm = Loopback::default();
+            let tensors: Vec<Vec<i32>> = lens
+                .iter()
+                .enumerate()
+                .map(|(t, &n)| (0..n as i32).map(|i| ((t as i32) << 16) | i).collect())
+                .collect();
+            let srcs: Vec<&[i32]> = tensors.iter().map(Vec::as_slice).collect();
+            let total: usize = lens.iter().sum();
+            let Some(len) = total.checked_add_signed(off_by as isize) else {
+                return Ok(());
+            };
+            let mut fused = vec![i32::MIN; len];
+            let packed = pack_into::<Host, _, _>(&mut comm, &srcs, &mut fused);
+            let mut outs: Vec<Vec<i32>> = lens.iter().map(|&n| vec![0; n]).collect();
+            let mut dsts: Vec<&mut [i32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+            let unpacked = unpack_from::<Host, _, _>(&mut comm, &fused, &mut dsts);
+            if off_by == 0 {
+                prop_assert_eq!(packed, Ok(()));
+                prop_assert_eq!(unpacked, Ok(()));
+                let mut start = 0;
+                for (t, tensor) in tensors.iter().enumerate() {
+                    prop_assert_eq!(&fused[start..start + tensor.len()], &tensor[..], "tensor {}", t);
+                    start += tensor.len();
+                }
+                prop_assert_eq!(outs, tensors);
+            } else if off_by < 0 {
+                // The last non-empty tensor crosses the end.
+                let tensor = lens.iter().rposition(|&n| n > 0).unwrap_or(0);
+                let start: usize = lens[..tensor].iter().sum();
+                let past = |op| FusionError::SegmentPastEnd { op, tensor, start, len: lens[tensor], buffer: len };
+                prop_assert_eq!(packed, Err(past("pack")));
+                prop_assert_eq!(unpacked, Err(past("unpack")));
+                prop_assert!(fused.iter().all(|&v| v == i32::MIN), "nothing copied");
+            } else {
+                let short = |op| FusionError::FusedLength { op, tensors: lens.len(), total, buffer: len };
+                prop_assert_eq!(packed, Err(short("pack")));
+                prop_assert_eq!(unpacked, Err(short("unpack")));
+                prop_assert!(outs.iter().flatten().all(|&v| v == 0), "nothing copied");
+            }
         }
     }
 }

@@ -3,9 +3,9 @@
 use super::{check_count, check_len, checked_sum, observed, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{copy_pieces, pack};
+use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::Device;
-use kolo_transport::{Collectives, Element};
+use kolo_transport::{Collectives, Element, Memory};
 
 const OP: &str = "allgather";
 
@@ -33,8 +33,9 @@ fn block_sizes(
         .collect()
 }
 
-/// Gathers every rank's `inputs` with one allgatherv and returns, per tensor,
-/// the concatenation of all ranks' pieces along dimension 0 in rank order.
+/// Gathers every rank's `inputs` (views of memory `M`) with one
+/// allgatherv and returns, per tensor, a new buffer of `M` holding the
+/// concatenation of all ranks' pieces along dimension 0 in rank order.
 ///
 /// `row_elems[i]` is the number of elements in one dim-0 row of tensor i;
 /// `first_dims` is tensor-major: rank r's first dimension of tensor i is at
@@ -42,15 +43,15 @@ fn block_sizes(
 /// gathered straight into its output; several are packed into the fusion
 /// buffer of `device` (this rank's inputs back to back) and unpacked from
 /// the gathered buffer.
-pub fn fused_allgather<C: Collectives, T: Element>(
+pub fn fused_allgather<M: Memory, C: Collectives<M>, T: Element>(
     comm: &mut C,
-    bufs: &mut FusionBuffers,
+    bufs: &mut FusionBuffers<M>,
     device: Device,
-    inputs: &[&[T]],
+    inputs: &[M::Ref<'_, T>],
     row_elems: &[usize],
     first_dims: &[u64],
     observer: &mut dyn FnMut(Phase, Edge),
-) -> Result<Vec<Vec<T>>, FusionError> {
+) -> Result<Vec<M::Owned<T>>, FusionError> {
     let (rank, size) = (comm.rank(), comm.size());
     check_count(OP, "row_elems", inputs.len(), row_elems.len())?;
     let expected_dims = inputs
@@ -60,7 +61,7 @@ pub fn fused_allgather<C: Collectives, T: Element>(
     check_count(OP, "first_dims", expected_dims, first_dims.len())?;
     let blocks = block_sizes(row_elems, first_dims, size)?;
     for (i, (input, block)) in inputs.iter().zip(&blocks).enumerate() {
-        check_len("allgather input", i, block[rank], input.len())?;
+        check_len("allgather input", i, block[rank], M::len(*input))?;
     }
     let mut counts = Vec::with_capacity(size);
     for r in 0..size {
@@ -68,57 +69,52 @@ pub fn fused_allgather<C: Collectives, T: Element>(
     }
     let mut outputs = Vec::with_capacity(inputs.len());
     for (i, block) in blocks.iter().enumerate() {
-        outputs.push(vec![
-            T::default();
-            checked_sum(OP, i, block.iter().copied())?
-        ]);
+        let len = checked_sum(OP, i, block.iter().copied())?;
+        outputs.push(comm.new_buffer::<T>(len)?);
     }
     let total = checked_sum(OP, 0, counts.iter().copied())?;
 
     if let ([input], [output]) = (inputs, outputs.as_mut_slice()) {
         observed(observer, Phase::Collective, || {
-            comm.allgatherv(input, output, &counts)
+            comm.allgatherv(*input, M::view_mut(output), &counts)
         })?;
     } else if !inputs.is_empty() {
-        let (send, recv) = bufs.get_pair::<T>(device, counts[rank], total);
-        observed(observer, Phase::MemcpyInFusionBuffer, || pack(send, inputs))?;
-        observed(observer, Phase::Collective, || {
-            comm.allgatherv(send, recv, &counts)
+        let (mut send, mut recv) = bufs.buffer_pair::<C, T>(comm, device, counts[rank], total)?;
+        observed(observer, Phase::MemcpyInFusionBuffer, || {
+            pack_into::<M, C, T>(comm, inputs, M::reborrow(&mut send))
         })?;
+        observed(observer, Phase::Collective, || {
+            comm.allgatherv(M::freeze(&send), M::reborrow(&mut recv), &counts)
+        })?;
+        let mut dsts = gathered_pieces::<M, T>(&mut outputs, &blocks, size);
         observed(observer, Phase::MemcpyOutFusionBuffer, || {
-            unpack_gathered(recv, &blocks, &counts, &mut outputs)
-        });
+            unpack_from::<M, C, T>(comm, M::freeze(&recv), &mut dsts)
+        })?;
     }
     Ok(outputs)
 }
 
-/// Copies the gathered buffer (rank after rank, each rank's tensors back to
-/// back) into the per-tensor outputs (each rank's rows in rank order).
-/// The sizes come from `block_sizes`, so every slice is in range.
-fn unpack_gathered<T: Element>(
-    recv: &[T],
+/// The pieces of the per-tensor outputs in the order of the gathered
+/// buffer (rank after rank, each rank's tensors back to back): rank r's
+/// rows of tensor i come after rank r's rows of the tensors before i. The
+/// outputs were allocated from `blocks`, so every piece is in range.
+fn gathered_pieces<'a, M: Memory, T: Element>(
+    outputs: &'a mut [M::Owned<T>],
     blocks: &[Vec<usize>],
-    counts: &[usize],
-    outputs: &mut [Vec<T>],
-) {
-    // Where each rank's part begins in `recv`, advanced tensor by tensor.
-    let mut cursor: Vec<usize> = counts
-        .iter()
-        .scan(0, |start, &count| {
-            let here = *start;
-            *start += count;
-            Some(here)
-        })
-        .collect();
-    let mut pieces = Vec::new();
-    for (output, block) in outputs.iter_mut().zip(blocks) {
-        let mut rest = output.as_mut_slice();
-        for (&len, start) in block.iter().zip(cursor.iter_mut()) {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
-            pieces.push((piece, &recv[*start..*start + len]));
-            *start += len;
-            rest = tail;
+    size: usize,
+) -> Vec<M::Mut<'a, T>> {
+    // What is left of each output, after the ranks handed out so far.
+    let mut rests: Vec<Option<M::Mut<'a, T>>> =
+        outputs.iter_mut().map(|o| Some(M::view_mut(o))).collect();
+    let mut pieces = Vec::with_capacity(blocks.len().saturating_mul(size));
+    for r in 0..size {
+        for (rest, block) in rests.iter_mut().zip(blocks) {
+            if let Some(whole) = rest.take() {
+                let (piece, tail) = M::split_at_mut(whole, block[r]);
+                pieces.push(piece);
+                *rest = Some(tail);
+            }
         }
     }
-    copy_pieces(pieces);
+    pieces
 }

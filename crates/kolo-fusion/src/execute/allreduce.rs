@@ -1,14 +1,14 @@
 //! Fused allreduce.
 
-use super::{observed, Edge, Phase};
+use super::{observed, total_len, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{pack, unpack};
+use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::{Device, ReduceOp};
-use kolo_transport::{Collectives, Element, Scale};
+use kolo_transport::{Collectives, Element, Memory, Scale};
 
-/// Allreduces `tensors` in place as one collective: a single tensor runs in
-/// place without copies; several go to one
+/// Allreduces `tensors` (views of memory `M`) in place as one collective: a
+/// single tensor runs in place without copies; several go to one
 /// [`allreduce_segments`](Collectives::allreduce_segments) straight over
 /// the tensors where the backend [reduces segments in
 /// place](Collectives::reduces_segments_in_place) (the shared-memory
@@ -17,11 +17,11 @@ use kolo_transport::{Collectives, Element, Scale};
 /// with one `comm.allreduce` and unpacked.
 ///
 /// Every rank calls it with the same tensor lengths, in the same order.
-pub fn fused_allreduce<C: Collectives, T: Element>(
+pub fn fused_allreduce<M: Memory, C: Collectives<M>, T: Element>(
     comm: &mut C,
-    bufs: &mut FusionBuffers,
+    bufs: &mut FusionBuffers<M>,
     device: Device,
-    tensors: &mut [&mut [T]],
+    tensors: &mut [M::Mut<'_, T>],
     op: ReduceOp,
     scale: Scale,
     observer: &mut dyn FnMut(Phase, Edge),
@@ -29,21 +29,24 @@ pub fn fused_allreduce<C: Collectives, T: Element>(
     match tensors {
         [] => Ok(()),
         [only] => Ok(observed(observer, Phase::Collective, || {
-            comm.allreduce(only, op, scale)
+            comm.allreduce(M::reborrow(only), op, scale)
         })?),
         _ if comm.reduces_segments_in_place() => Ok(observed(observer, Phase::Collective, || {
             comm.allreduce_segments(tensors, op, scale)
         })?),
         _ => {
-            let total = tensors.iter().map(|t| t.len()).sum();
-            let fused = bufs.get::<T>(device, total);
-            let srcs: Vec<&[T]> = tensors.iter().map(|t| &**t).collect();
-            observed(observer, Phase::MemcpyInFusionBuffer, || pack(fused, &srcs))?;
+            let total = total_len("allreduce", tensors.iter().map(M::len_mut))?;
+            let mut fused = bufs.buffer::<C, T>(comm, device, total)?;
+            let srcs: Vec<M::Ref<'_, T>> = tensors.iter().map(M::freeze).collect();
+            observed(observer, Phase::MemcpyInFusionBuffer, || {
+                pack_into::<M, C, T>(comm, &srcs, M::reborrow(&mut fused))
+            })?;
+            drop(srcs);
             observed(observer, Phase::Collective, || {
-                comm.allreduce(fused, op, scale)
+                comm.allreduce(M::reborrow(&mut fused), op, scale)
             })?;
             observed(observer, Phase::MemcpyOutFusionBuffer, || {
-                unpack(fused, tensors)
+                unpack_from::<M, C, T>(comm, M::freeze(&fused), tensors)
             })
         }
     }

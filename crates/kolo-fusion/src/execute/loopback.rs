@@ -1,137 +1,12 @@
-//! A single-rank `Collectives` over a local message queue: only `send` and
-//! `recv` are implemented, every collective runs the trait's defaults. Tests
-//! the execution helpers without any backend.
+//! The execution helpers on single-rank backends of [`crate::testing`]:
+//! their phases, the paths they take and their errors, without any real
+//! backend.
 
 use super::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
+use crate::testing::{InPlaceLoopback, Loopback};
 use crate::{FusionBuffers, FusionError};
 use kolo_protocol::{Device, ReduceOp};
-use kolo_transport::{Collectives, Element, Scale, Topology, TransportError};
-use std::any::Any;
-use std::collections::VecDeque;
-
-/// Rank 0 of a communicator of one; messages to itself wait in a queue.
-#[derive(Default)]
-struct Loopback {
-    queue: VecDeque<(u32, Box<dyn Any + Send>)>,
-}
-
-impl Topology for Loopback {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        1
-    }
-    fn local_rank(&self) -> usize {
-        0
-    }
-    fn local_size(&self) -> usize {
-        1
-    }
-}
-
-fn only_rank_zero(peer: usize) -> Result<(), TransportError> {
-    if peer == 0 {
-        Ok(())
-    } else {
-        Err(TransportError::InvalidArgument(format!(
-            "peer {peer} out of range for size 1"
-        )))
-    }
-}
-
-impl Collectives for Loopback {
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> kolo_transport::Result<()> {
-        only_rank_zero(peer)?;
-        self.queue.push_back((tag, Box::new(buf.to_vec())));
-        Ok(())
-    }
-
-    fn recv<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        peer: usize,
-        tag: u32,
-    ) -> kolo_transport::Result<()> {
-        only_rank_zero(peer)?;
-        let position = self.queue.iter().position(|(t, _)| *t == tag);
-        let Some((_, message)) = position.and_then(|p| self.queue.remove(p)) else {
-            return Err(TransportError::InvalidArgument(format!(
-                "no message with tag {tag} (it would hang)"
-            )));
-        };
-        let Ok(message) = message.downcast::<Vec<T>>() else {
-            return Err(TransportError::InvalidArgument(format!(
-                "message with tag {tag} has another type"
-            )));
-        };
-        if message.len() != buf.len() {
-            return Err(TransportError::InvalidArgument(format!(
-                "message of {} elements, receive buffer of {}",
-                message.len(),
-                buf.len()
-            )));
-        }
-        buf.copy_from_slice(&message);
-        Ok(())
-    }
-}
-
-/// The loopback claiming to reduce segments in place: counts its
-/// `allreduce_segments` calls and runs the trait's default (one allreduce
-/// per segment).
-#[derive(Default)]
-struct InPlaceLoopback {
-    inner: Loopback,
-    segment_calls: usize,
-}
-
-impl Topology for InPlaceLoopback {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        1
-    }
-    fn local_rank(&self) -> usize {
-        0
-    }
-    fn local_size(&self) -> usize {
-        1
-    }
-}
-
-impl Collectives for InPlaceLoopback {
-    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> kolo_transport::Result<()> {
-        self.inner.send(buf, peer, tag)
-    }
-
-    fn recv<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        peer: usize,
-        tag: u32,
-    ) -> kolo_transport::Result<()> {
-        self.inner.recv(buf, peer, tag)
-    }
-
-    fn reduces_segments_in_place(&self) -> bool {
-        true
-    }
-
-    fn allreduce_segments<T: Element>(
-        &mut self,
-        segments: &mut [&mut [T]],
-        op: ReduceOp,
-        scale: Scale,
-    ) -> kolo_transport::Result<()> {
-        self.segment_calls += 1;
-        for segment in segments.iter_mut() {
-            self.inner.allreduce(segment, op, scale)?;
-        }
-        Ok(())
-    }
-}
+use kolo_transport::{Collectives, Host, Scale};
 
 /// Records the observed phases.
 fn recorder(log: &mut Vec<(Phase, Edge)>) -> impl FnMut(Phase, Edge) + '_ {
@@ -306,7 +181,7 @@ fn empty_responses_do_nothing() {
     let mut comm = Loopback::default();
     let mut bufs = FusionBuffers::new();
     let mut log = Vec::new();
-    fused_allreduce::<_, f32>(
+    fused_allreduce::<Host, _, f32>(
         &mut comm,
         &mut bufs,
         Device::Cpu,
@@ -316,7 +191,7 @@ fn empty_responses_do_nothing() {
         &mut recorder(&mut log),
     )
     .unwrap();
-    let out = fused_allgather::<_, f32>(
+    let out = fused_allgather::<Host, _, f32>(
         &mut comm,
         &mut bufs,
         Device::Cpu,

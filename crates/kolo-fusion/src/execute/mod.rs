@@ -1,6 +1,7 @@
 //! Running fused responses on any [`Collectives`](kolo_transport::Collectives)
-//! backend: copy in, one collective, copy out — written once for every
-//! backend. A fused allreduce on a backend that reduces scattered segments
+//! backend of any [`Memory`]: copy in, one collective, copy out — written
+//! once for every backend and memory, with the backend's own copies and
+//! buffers. A fused allreduce on a backend that reduces scattered segments
 //! in place (kolo-threads) skips the copies: one collective straight over
 //! the tensors.
 //!
@@ -105,6 +106,21 @@ fn checked_sum(
         .into_iter()
         .try_fold(0usize, |acc, v| acc.checked_add(v))
         .ok_or(FusionError::Overflow { op, tensor })
+}
+
+/// The total of the tensors' `lens`, or an overflow error naming the
+/// tensor whose length overflows it.
+fn total_len(
+    op: &'static str,
+    lens: impl IntoIterator<Item = usize>,
+) -> Result<usize, FusionError> {
+    let mut total = 0usize;
+    for (tensor, len) in lens.into_iter().enumerate() {
+        total = total
+            .checked_add(len)
+            .ok_or(FusionError::Overflow { op, tensor })?;
+    }
+    Ok(total)
 }
 
 #[cfg(test)]

@@ -3,13 +3,13 @@
 use super::{check_count, check_len, checked_sum, observed, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{copy_pieces, unpack};
+use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::{Device, ReduceOp};
-use kolo_transport::{Collectives, Element, Scale};
+use kolo_transport::{Collectives, Element, Memory, Scale};
 
 const OP: &str = "reduce-scatter";
 
-/// Reduces every rank's `inputs` and leaves this rank's block of each tensor
+/// Reduces every rank's `inputs` (views of memory `M`) and leaves this rank's block of each tensor
 /// in `outputs`, with one reduce-scatter for all tensors.
 ///
 /// `counts[i][r]` is the number of elements of tensor i that rank r keeps
@@ -19,12 +19,12 @@ const OP: &str = "reduce-scatter";
 /// of all tensors back to back, rank after rank), reduce-scattered, and
 /// this rank's blocks unpacked.
 #[allow(clippy::too_many_arguments)] // the fused response's parameters, each needed
-pub fn fused_reduce_scatter<C: Collectives, T: Element>(
+pub fn fused_reduce_scatter<M: Memory, C: Collectives<M>, T: Element>(
     comm: &mut C,
-    bufs: &mut FusionBuffers,
+    bufs: &mut FusionBuffers<M>,
     device: Device,
-    inputs: &[&[T]],
-    outputs: &mut [&mut [T]],
+    inputs: &[M::Ref<'_, T>],
+    outputs: &mut [M::Mut<'_, T>],
     counts: &[Vec<usize>],
     op: ReduceOp,
     scale: Scale,
@@ -38,18 +38,18 @@ pub fn fused_reduce_scatter<C: Collectives, T: Element>(
     {
         check_count(OP, format!("counts[{i}]"), size, tensor_counts.len())?;
         let whole = checked_sum(OP, i, tensor_counts.iter().copied())?;
-        check_len("reduce-scatter input", i, whole, input.len())?;
+        check_len("reduce-scatter input", i, whole, M::len(*input))?;
         check_len(
             "reduce-scatter output",
             i,
             tensor_counts[rank],
-            output.len(),
+            M::len_mut(output),
         )?;
     }
     match (inputs, outputs) {
         ([], _) => Ok(()),
         ([input], [output]) => Ok(observed(observer, Phase::Collective, || {
-            comm.reduce_scatter(input, output, &counts[0], op, scale)
+            comm.reduce_scatter(*input, M::reborrow(output), &counts[0], op, scale)
         })?),
         (inputs, outputs) => {
             let mut fused_counts = Vec::with_capacity(size);
@@ -57,36 +57,45 @@ pub fn fused_reduce_scatter<C: Collectives, T: Element>(
                 fused_counts.push(checked_sum(OP, 0, counts.iter().map(|c| c[r]))?);
             }
             let total = checked_sum(OP, 0, fused_counts.iter().copied())?;
-            let (send, recv) = bufs.get_pair::<T>(device, total, fused_counts[rank]);
+            let (mut send, mut recv) =
+                bufs.buffer_pair::<C, T>(comm, device, total, fused_counts[rank])?;
+            let srcs = interleaved_pieces::<M, T>(inputs, counts, size);
             observed(observer, Phase::MemcpyInFusionBuffer, || {
-                pack_interleaved(send, inputs, counts)
-            });
+                pack_into::<M, C, T>(comm, &srcs, M::reborrow(&mut send))
+            })?;
             observed(observer, Phase::Collective, || {
-                comm.reduce_scatter(send, recv, &fused_counts, op, scale)
+                comm.reduce_scatter(
+                    M::freeze(&send),
+                    M::reborrow(&mut recv),
+                    &fused_counts,
+                    op,
+                    scale,
+                )
             })?;
             observed(observer, Phase::MemcpyOutFusionBuffer, || {
-                unpack(recv, outputs)
+                unpack_from::<M, C, T>(comm, M::freeze(&recv), outputs)
             })
         }
     }
 }
 
-/// Packs rank r's block of every tensor back to back, rank after rank.
-/// The lengths were checked by the caller, so every slice is in range.
-fn pack_interleaved<T: Element>(send: &mut [T], inputs: &[&[T]], counts: &[Vec<usize>]) {
-    let size = counts.first().map_or(0, Vec::len);
-    // Where each tensor's next block begins.
-    let mut cursor = vec![0usize; inputs.len()];
-    let mut pieces = Vec::new();
-    let mut rest = send;
+/// The blocks of `inputs` in the order of the fused send buffer: rank r's
+/// block of every tensor back to back, rank after rank. The lengths were
+/// checked by the caller, so every block is in range.
+fn interleaved_pieces<'a, M: Memory, T: Element>(
+    inputs: &[M::Ref<'a, T>],
+    counts: &[Vec<usize>],
+    size: usize,
+) -> Vec<M::Ref<'a, T>> {
+    // What is left of each input, after the ranks' blocks taken so far.
+    let mut rests = inputs.to_vec();
+    let mut pieces = Vec::with_capacity(inputs.len().saturating_mul(size));
     for r in 0..size {
-        for ((input, tensor_counts), start) in inputs.iter().zip(counts).zip(cursor.iter_mut()) {
-            let len = tensor_counts[r];
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
-            pieces.push((piece, &input[*start..*start + len]));
-            *start += len;
-            rest = tail;
+        for (rest, tensor_counts) in rests.iter_mut().zip(counts) {
+            let (piece, tail) = M::split_at(*rest, tensor_counts[r]);
+            pieces.push(piece);
+            *rest = tail;
         }
     }
-    copy_pieces(pieces);
+    pieces
 }

@@ -3,7 +3,6 @@
 use super::{check_count, check_len, checked_sum, observed, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::Device;
 use kolo_transport::{Collectives, Element, Memory};
 
@@ -81,14 +80,14 @@ pub fn fused_allgather<M: Memory, C: Collectives<M>, T: Element>(
     } else if !inputs.is_empty() {
         let (mut send, mut recv) = bufs.buffer_pair::<C, T>(comm, device, counts[rank], total)?;
         observed(observer, Phase::MemcpyInFusionBuffer, || {
-            pack_into::<M, C, T>(comm, inputs, M::reborrow(&mut send))
+            comm.pack_into(inputs, M::reborrow(&mut send))
         })?;
         observed(observer, Phase::Collective, || {
             comm.allgatherv(M::freeze(&send), M::reborrow(&mut recv), &counts)
         })?;
         let mut dsts = gathered_pieces::<M, T>(&mut outputs, &blocks, size);
         observed(observer, Phase::MemcpyOutFusionBuffer, || {
-            unpack_from::<M, C, T>(comm, M::freeze(&recv), &mut dsts)
+            comm.unpack_from(M::freeze(&recv), &mut dsts)
         })?;
     }
     Ok(outputs)

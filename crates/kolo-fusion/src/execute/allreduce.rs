@@ -3,7 +3,6 @@
 use super::{observed, total_len, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::{Device, ReduceOp};
 use kolo_transport::{Collectives, Element, Memory, Scale};
 
@@ -39,15 +38,15 @@ pub fn fused_allreduce<M: Memory, C: Collectives<M>, T: Element>(
             let mut fused = bufs.buffer::<C, T>(comm, device, total)?;
             let srcs: Vec<M::Ref<'_, T>> = tensors.iter().map(M::freeze).collect();
             observed(observer, Phase::MemcpyInFusionBuffer, || {
-                pack_into::<M, C, T>(comm, &srcs, M::reborrow(&mut fused))
+                comm.pack_into(&srcs, M::reborrow(&mut fused))
             })?;
             drop(srcs);
             observed(observer, Phase::Collective, || {
                 comm.allreduce(M::reborrow(&mut fused), op, scale)
             })?;
-            observed(observer, Phase::MemcpyOutFusionBuffer, || {
-                unpack_from::<M, C, T>(comm, M::freeze(&fused), tensors)
-            })
+            Ok(observed(observer, Phase::MemcpyOutFusionBuffer, || {
+                comm.unpack_from(M::freeze(&fused), tensors)
+            })?)
         }
     }
 }

@@ -5,6 +5,11 @@
 //! in place (kolo-threads) skips the copies: one collective straight over
 //! the tensors.
 //!
+//! The fusion buffers are sized from the tensors they hold, so the helpers
+//! hand their layouts to the backend's `pack_into` / `unpack_from` as they
+//! are, without [`crate::pack_into`]'s check: on many small tensors a pass
+//! over them less is what keeps the host path as fast as plain copies.
+//!
 //! Each helper reports its phases to an observer so that the engine can
 //! record them as timeline activities.
 

@@ -3,7 +3,6 @@
 use super::{check_count, check_len, checked_sum, observed, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
-use crate::pack::{pack_into, unpack_from};
 use kolo_protocol::{Device, ReduceOp};
 use kolo_transport::{Collectives, Element, Memory, Scale};
 
@@ -61,7 +60,7 @@ pub fn fused_reduce_scatter<M: Memory, C: Collectives<M>, T: Element>(
                 bufs.buffer_pair::<C, T>(comm, device, total, fused_counts[rank])?;
             let srcs = interleaved_pieces::<M, T>(inputs, counts, size);
             observed(observer, Phase::MemcpyInFusionBuffer, || {
-                pack_into::<M, C, T>(comm, &srcs, M::reborrow(&mut send))
+                comm.pack_into(&srcs, M::reborrow(&mut send))
             })?;
             observed(observer, Phase::Collective, || {
                 comm.reduce_scatter(
@@ -72,9 +71,9 @@ pub fn fused_reduce_scatter<M: Memory, C: Collectives<M>, T: Element>(
                     scale,
                 )
             })?;
-            observed(observer, Phase::MemcpyOutFusionBuffer, || {
-                unpack_from::<M, C, T>(comm, M::freeze(&recv), outputs)
-            })
+            Ok(observed(observer, Phase::MemcpyOutFusionBuffer, || {
+                comm.unpack_from(M::freeze(&recv), outputs)
+            })?)
         }
     }
 }

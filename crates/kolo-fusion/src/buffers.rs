@@ -117,6 +117,7 @@ impl<M: Memory> FusionBuffers<M> {
             let allocated = M::owned_len(&owned);
             if allocated < len {
                 return Err(FusionError::ShortAllocation {
+                    what: "the fusion buffer".to_owned(),
                     device,
                     dtype: T::DTYPE,
                     requested: len,
@@ -322,6 +323,7 @@ mod tests {
         assert_eq!(
             err,
             FusionError::ShortAllocation {
+                what: "the fusion buffer".to_owned(),
                 device: Device::Cuda(2),
                 dtype: DataType::F32,
                 requested: 10,

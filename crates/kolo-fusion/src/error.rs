@@ -45,10 +45,13 @@ pub enum FusionError {
         buffer: usize,
     },
 
-    /// The memory's backend allocated a fusion buffer shorter than asked
-    /// for: a bug of the backend, reported before anything is copied.
-    #[error("the fusion buffer of {dtype} on {device}: {requested} elements were asked for, but the memory allocated {allocated}")]
+    /// The memory's backend allocated a buffer (a fusion buffer, an
+    /// allgather's output) shorter than asked for: a bug of the backend,
+    /// reported before anything is copied.
+    #[error("{what} of {dtype} on {device}: {requested} elements were asked for, but the memory allocated {allocated}")]
     ShortAllocation {
+        /// Which buffer (`"the fusion buffer"`, `"allgather output 2"`).
+        what: String,
         /// The buffer's device.
         device: Device,
         /// The buffer's element type.

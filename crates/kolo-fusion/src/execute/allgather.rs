@@ -69,7 +69,18 @@ pub fn fused_allgather<M: Memory, C: Collectives<M>, T: Element>(
     let mut outputs = Vec::with_capacity(inputs.len());
     for (i, block) in blocks.iter().enumerate() {
         let len = checked_sum(OP, i, block.iter().copied())?;
-        outputs.push(comm.new_buffer::<T>(len)?);
+        let output = comm.new_buffer::<T>(len)?;
+        let allocated = M::owned_len(&output);
+        if allocated < len {
+            return Err(FusionError::ShortAllocation {
+                what: format!("allgather output {i}"),
+                device,
+                dtype: T::DTYPE,
+                requested: len,
+                allocated,
+            });
+        }
+        outputs.push(output);
     }
     let total = checked_sum(OP, 0, counts.iter().copied())?;
 
@@ -85,8 +96,8 @@ pub fn fused_allgather<M: Memory, C: Collectives<M>, T: Element>(
         observed(observer, Phase::Collective, || {
             comm.allgatherv(M::freeze(&send), M::reborrow(&mut recv), &counts)
         })?;
-        let mut dsts = gathered_pieces::<M, T>(&mut outputs, &blocks, size);
         observed(observer, Phase::MemcpyOutFusionBuffer, || {
+            let mut dsts = gathered_pieces::<M, T>(&mut outputs, &blocks, size);
             comm.unpack_from(M::freeze(&recv), &mut dsts)
         })?;
     }
@@ -96,7 +107,8 @@ pub fn fused_allgather<M: Memory, C: Collectives<M>, T: Element>(
 /// The pieces of the per-tensor outputs in the order of the gathered
 /// buffer (rank after rank, each rank's tensors back to back): rank r's
 /// rows of tensor i come after rank r's rows of the tensors before i. The
-/// outputs were allocated from `blocks`, so every piece is in range.
+/// outputs were allocated from `blocks` (and checked to be long enough),
+/// so every piece is in range.
 fn gathered_pieces<'a, M: Memory, T: Element>(
     outputs: &'a mut [M::Owned<T>],
     blocks: &[Vec<usize>],

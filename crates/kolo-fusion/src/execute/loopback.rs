@@ -3,7 +3,7 @@
 //! backend.
 
 use super::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
-use crate::testing::{InPlaceLoopback, Loopback};
+use crate::testing::{InPlaceLoopback, Loopback, ShortAllocator};
 use crate::{FusionBuffers, FusionError};
 use kolo_protocol::{Device, ReduceOp};
 use kolo_transport::{Collectives, Host, Scale};
@@ -294,6 +294,64 @@ fn wrong_lengths_are_errors_that_name_the_tensor() {
         err.to_string(),
         "reduce-scatter: counts[0] has 2 entries, expected 1"
     );
+}
+
+#[test]
+fn short_allocations_fail_every_fused_operation_before_it_copies() {
+    let mut comm = ShortAllocator(Loopback::default());
+    let mut bufs = FusionBuffers::new();
+    let mut ignore = |_: Phase, _: Edge| {};
+    let (mut a, mut b) = ([1i16, 2], [3i16]);
+    let err = fused_allreduce(
+        &mut comm,
+        &mut bufs,
+        Device::Cuda(0),
+        &mut [&mut a[..], &mut b[..]],
+        ReduceOp::Sum,
+        Scale::NONE,
+        &mut ignore,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the fusion buffer of i16 on cuda:0: 3 elements were asked for, but the memory allocated 2"
+    );
+    assert_eq!((a, b), ([1, 2], [3]), "the tensors are untouched");
+
+    let err = fused_allgather(
+        &mut comm,
+        &mut bufs,
+        Device::Cpu,
+        &[&a[..], &b[..]],
+        &[1, 1],
+        &[2, 1],
+        &mut ignore,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, FusionError::ShortAllocation { what, requested: 2, allocated: 1, .. } if what == "allgather output 0"),
+        "{err}"
+    );
+
+    let mut out = ([0i16; 2], [0i16; 1]);
+    let err = fused_reduce_scatter(
+        &mut comm,
+        &mut bufs,
+        Device::Cpu,
+        &[&a[..], &b[..]],
+        &mut [&mut out.0[..], &mut out.1[..]],
+        &[vec![2], vec![1]],
+        ReduceOp::Sum,
+        Scale::NONE,
+        &mut ignore,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, FusionError::ShortAllocation { what, requested: 6, allocated: 5, .. } if what == "the fusion buffer"),
+        "{err}"
+    );
+    assert_eq!(out, ([0; 2], [0]), "the outputs are untouched");
+    assert_eq!(bufs.bytes_allocated(), 0, "no short buffer is kept");
 }
 
 #[test]

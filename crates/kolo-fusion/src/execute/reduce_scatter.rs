@@ -58,8 +58,8 @@ pub fn fused_reduce_scatter<M: Memory, C: Collectives<M>, T: Element>(
             let total = checked_sum(OP, 0, fused_counts.iter().copied())?;
             let (mut send, mut recv) =
                 bufs.buffer_pair::<C, T>(comm, device, total, fused_counts[rank])?;
-            let srcs = interleaved_pieces::<M, T>(inputs, counts, size);
             observed(observer, Phase::MemcpyInFusionBuffer, || {
+                let srcs = interleaved_pieces::<M, T>(inputs, counts, size);
                 comm.pack_into(&srcs, M::reborrow(&mut send))
             })?;
             observed(observer, Phase::Collective, || {

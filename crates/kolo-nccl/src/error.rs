@@ -123,6 +123,7 @@ impl From<NcclError> for TransportError {
             NcclError::Timeout { .. } => TransportError::Timeout(e.to_string()),
             NcclError::ShutDown => TransportError::ShutDown,
             NcclError::Control(inner) => inner,
+            NcclError::Unsupported { .. } => TransportError::Unsupported(e.to_string()),
             other => TransportError::Backend(other.to_string()),
         }
     }
@@ -171,6 +172,14 @@ mod tests {
         };
         assert!(
             matches!(TransportError::from(missing), TransportError::Backend(m) if m.contains("libnccl is not available"))
+        );
+        let sixteen = NcclError::Unsupported {
+            op: "allreduce(sum)".into(),
+            dtype: DataType::I16,
+            reason: "no NCCL type".into(),
+        };
+        assert!(
+            matches!(TransportError::from(sixteen), TransportError::Unsupported(m) if m.contains("allreduce(sum) on i16")),
         );
     }
 }

@@ -80,6 +80,38 @@
 //! ([`Collectives`](kolo_transport::Collectives)) through NCCL so the one
 //! conformance suite runs on it.
 //!
+//! # kolo's data plane on device memory
+//!
+//! [`Cuda`] is device memory as a kolo [`Memory`](kolo_transport::Memory):
+//! `NcclComm` implements `Collectives<Cuda>` over [`CudaRef`] /
+//! [`CudaMut`] views of cudarc buffers (or [`CudaBuffer`]s it allocates),
+//! through the same operations as its inherent API, and [`CudaBackend`]
+//! pairs it with its control plane. Code written once over memories —
+//! kolo-fusion, the conformance suite (the `gpu_conformance` test binary)
+//! — runs on GPU buffers. Unlike host memory the calls are stream-ordered:
+//! they enqueue and return, and results are visible after `synchronize`.
+//!
+//! ```no_run
+//! use kolo_nccl::{Cuda, NcclError, NcclOptions};
+//! use kolo_protocol::ReduceOp;
+//! use kolo_transport::{Collectives, Memory, Scale};
+//!
+//! /// An allreduce written once, for any memory.
+//! fn sum_on<M: Memory, C: Collectives<M>>(comm: &mut C, data: &[f32]) -> kolo_transport::Result<Vec<f32>> {
+//!     let mut buf = comm.buffer_from(data)?;
+//!     comm.allreduce(M::view_mut(&mut buf), ReduceOp::Sum, Scale::NONE)?;
+//!     comm.synchronize()?;
+//!     comm.read_buffer(M::view(&buf))
+//! }
+//!
+//! let ctrls = kolo_threads::communicators(2).expect("two ranks");
+//! let sums = kolo_nccl::threads::run(ctrls, NcclOptions::default(), |comm, _ctrl| {
+//!     sum_on::<Cuda, _>(comm, &[1.0, 2.0]).map_err(NcclError::from)
+//! })
+//! .expect("two GPUs");
+//! assert_eq!(sums, vec![vec![2.0f32, 4.0]; 2]);
+//! ```
+//!
 //! # Reductions on the device
 //!
 //! Sum, min, max and product are native for f32, f64, f16, bf16, i32, i64,
@@ -116,14 +148,16 @@
 //! types; the communicator handle never leaves it) and `kernels` (the PTX
 //! kernels and their loader), with the pure planning beside them
 //! ([`reduce_plan`], offsets and exchanges, the bootstrap's messages),
-//! tested without a GPU. The GPU checks are the `gpu_threads` and
-//! `gpu_mpi` test binaries, the timings the `nccl_bench` benchmark.
+//! tested without a GPU. The GPU checks are the `gpu_threads`, `gpu_mpi`
+//! and `gpu_conformance` test binaries, the timings the `nccl_bench`
+//! benchmark.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod board;
 mod bootstrap;
 mod copy_plan;
+mod cuda_backend;
 mod error;
 mod kernels;
 mod options;
@@ -133,10 +167,12 @@ pub mod probe;
 pub mod reduce_plan;
 mod result;
 mod safe;
+mod span;
 mod sys;
 pub mod threads;
 mod widen;
 
+pub use cuda_backend::CudaBackend;
 pub use error::{NcclError, Result};
 pub use options::{CopyEngine, Mode, NcclOptions};
 pub use plan::destructive_slot;
@@ -144,11 +180,13 @@ pub use safe::comm::NcclComm;
 pub use safe::device::Device;
 pub use safe::event_pool::PoolStats;
 pub use safe::fusion::DeviceFusionBuffer;
+pub use safe::memory::{Cuda, CudaBuffer};
 pub use safe::ops::DeviceElement;
 pub use safe::staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use safe::teardown::Teardown;
 pub use safe::transaction::DeviceTransaction;
 pub use safe::untracked::Untracked;
+pub use safe::views::{CudaMut, CudaRef};
 pub use safe::work::Work;
 
 #[doc(hidden)]

@@ -1,11 +1,13 @@
-//! The staged sends of [`crate::HostStaging`] and when they are issued.
+//! The staged sends of [`crate::HostStaging`] and of the device data
+//! plane (`Collectives<Cuda>` on [`crate::NcclComm`]), and when they are
+//! issued.
 //!
 //! NCCL has no buffered sends: a send completes only once its peer posts
 //! the matching receive, and a group of sends and receives completes only
-//! when all of them have. [`crate::HostStaging`]'s `send` therefore only
-//! stages the data; every staged send, whatever its peer, is issued in one
-//! NCCL group with this rank's next receive, `sendrecv` or transaction
-//! (and at drop). Control-plane operations (the barrier) and collectives
+//! when all of them have. Both data planes' `send` therefore only stage
+//! the data (a copy on the device); every staged send, whatever its peer,
+//! is issued in one NCCL group with this rank's next receive, `sendrecv`
+//! or transaction (and at drop / close). Control-plane operations (the barrier) and collectives
 //! leave them staged: a barrier neither loses nor consumes messages.
 //!
 //! Why every staged send and not only those to the peer being received
@@ -42,6 +44,19 @@ impl<B> Outbox<B> {
     /// order), for the group being issued now.
     pub(crate) fn take_all(&mut self) -> Vec<(usize, B)> {
         std::mem::take(&mut self.staged)
+    }
+
+    /// Puts `staged` (taken by [`Outbox::take_all`] for a group that was
+    /// not issued) back in front of anything staged since, keeping the
+    /// order in which they were made.
+    pub(crate) fn put_back(&mut self, mut staged: Vec<(usize, B)>) {
+        staged.append(&mut self.staged);
+        self.staged = staged;
+    }
+
+    /// Sends staged.
+    pub(crate) fn len(&self) -> usize {
+        self.staged.len()
     }
 
     /// True when nothing is staged.
@@ -196,6 +211,18 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn sends_put_back_keep_their_place() {
+        let mut outbox = Outbox::default();
+        outbox.push(1, 'a');
+        outbox.push(2, 'b');
+        let taken = outbox.take_all();
+        outbox.push(3, 'c');
+        outbox.put_back(taken);
+        assert_eq!(outbox.take_all(), vec![(1, 'a'), (2, 'b'), (3, 'c')]);
+        assert!(outbox.is_empty());
     }
 
     #[test]

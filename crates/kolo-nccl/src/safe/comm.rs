@@ -7,6 +7,7 @@ use crate::bootstrap::{
 };
 use crate::error::NcclError;
 use crate::options::{CopyEngine, Mode, NcclOptions};
+use crate::outbox::Outbox;
 use crate::probe;
 use crate::safe::completion::{Completer, Entry};
 use crate::safe::copy_engine::CopyEngines;
@@ -14,6 +15,7 @@ use crate::safe::device::{Device, EventFence};
 use crate::safe::raw_comm::RawComm;
 use crate::safe::teardown::{teardown, Teardown};
 use crate::safe::work::{Health, Work};
+use cudarc::driver::CudaSlice;
 use kolo_transport::{Controller, Topology};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +41,9 @@ pub struct NcclComm {
     pub(crate) copy: Option<CopyEngines>,
     pub(crate) board: Option<Arc<Board>>,
     pub(crate) health: Arc<Health>,
+    /// Sends of the device data plane (`Collectives<Cuda>`) waiting for
+    /// this rank's next group (see `outbox.rs`).
+    pub(crate) staged: Outbox<CudaSlice<u8>>,
     rank: usize,
     size: usize,
     local_rank: usize,
@@ -149,6 +154,7 @@ impl NcclComm {
             copy,
             board,
             health,
+            staged: Outbox::default(),
             rank,
             size,
             local_rank,
@@ -277,6 +283,7 @@ impl NcclComm {
             return done.clone();
         }
         let bound = self.options.teardown_timeout;
+        self.issue_staged();
         let healthy = !self.health.is_broken() && self.drain(bound).is_ok();
         self.completer.stop();
         // Thread mode: every rank finalizes at the same time, each from its
@@ -313,6 +320,18 @@ impl NcclComm {
         }
         self.closed = Some(outcome.clone());
         outcome
+    }
+
+    /// Issues the device data plane's staged sends, for peers still to
+    /// receive them; the drain that follows waits for them (bounded).
+    fn issue_staged(&mut self) {
+        let staged = self.staged.take_all();
+        if staged.is_empty() || self.health.is_broken() {
+            return;
+        }
+        let sends: Vec<(&CudaSlice<u8>, usize)> = staged.iter().map(|(p, b)| (b, *p)).collect();
+        // A failure breaks the communicator, which is then aborted.
+        let _ = self.send_recv_many(&sends, &mut []);
     }
 
     /// Waits (bounded) until everything enqueued has run.

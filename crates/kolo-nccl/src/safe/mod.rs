@@ -17,15 +17,26 @@
 //!   the benchmarks compare against);
 //! - on top: [`fusion`] (the device fusion buffer), [`untracked`] (memory
 //!   without cudarc's events), [`staging`] and [`staging_tx`] (kolo's host
-//!   data plane through NCCL).
+//!   data plane through NCCL);
+//! - kolo's data plane on device memory: [`memory`] (the `Cuda` memory and
+//!   its buffers), [`views`] (its views and the cudarc buffers they
+//!   borrow), [`access`] (how an operation reaches a view's memory),
+//!   [`collectives`] (`Collectives<Cuda>`) with [`buffers`], [`device_p2p`]
+//!   and [`device_tx`].
 
+pub(crate) mod access;
 pub(crate) mod baseline;
+pub(crate) mod buffers;
+pub(crate) mod collectives;
 pub(crate) mod comm;
 pub(crate) mod completion;
 pub(crate) mod copy_engine;
 pub(crate) mod device;
+pub(crate) mod device_p2p;
+pub(crate) mod device_tx;
 pub(crate) mod event_pool;
 pub(crate) mod fusion;
+pub(crate) mod memory;
 pub(crate) mod ops;
 pub(crate) mod p2p;
 pub(crate) mod raw_comm;
@@ -36,4 +47,5 @@ pub(crate) mod teardown;
 pub(crate) mod transaction;
 pub(crate) mod tx_execute;
 pub(crate) mod untracked;
+pub(crate) mod views;
 pub(crate) mod work;

@@ -5,7 +5,7 @@
 //! writes, through cudarc's per-buffer events) and returns a [`Work`].
 //!
 //! Counts are in elements. Data movement (all-gather, broadcast, send /
-//! recv, alltoallv) moves bytes, so every [`DeviceElement`] works; the
+//! recv, alltoallv) moves bytes, so every [`Element`] works; the
 //! reductions live in `reduce_ops.rs` and follow [`crate::reduce_plan`].
 
 use crate::error::NcclError;
@@ -30,9 +30,9 @@ pub(crate) fn byte_offset<T>(p: CUdeviceptr, elements: usize) -> CUdeviceptr {
 
 impl NcclComm {
     /// Fails unless `buf` lives on this communicator's device.
-    pub(crate) fn check_device<T>(
+    pub(crate) fn check_device<T, B: DeviceSlice<T> + ?Sized>(
         &self,
-        buf: &impl DeviceSlice<T>,
+        buf: &B,
         what: &str,
     ) -> Result<(), NcclError> {
         let ordinal = buf.stream().context().ordinal();
@@ -75,7 +75,7 @@ impl NcclComm {
     }
 
     /// The root's `buf` is copied into every rank's `buf`.
-    pub fn broadcast<T: DeviceElement>(
+    pub fn broadcast<T: Element>(
         &mut self,
         buf: &mut impl DevicePtrMut<T>,
         root: usize,
@@ -97,7 +97,7 @@ impl NcclComm {
 
     /// Even all-gather: `recv` (`size * send.len()` elements) receives every
     /// rank's `send` in rank order. Runs on the copy engines when enabled.
-    pub fn all_gather<T: DeviceElement>(
+    pub fn all_gather<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -110,7 +110,7 @@ impl NcclComm {
     /// concatenated in rank order (`counts[r]` elements from rank r). Even
     /// counts use `ncclAllGather` (or the copy engines); uneven ones one
     /// grouped broadcast per rank.
-    pub fn all_gatherv<T: DeviceElement>(
+    pub fn all_gatherv<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -169,7 +169,7 @@ impl NcclComm {
     /// `send` holds `send_counts[p]` elements for each peer p in peer
     /// order; `recv` receives `recv_counts[p]` from each peer p. Grouped
     /// `ncclSend` / `ncclRecv`; this rank's own block is a local copy.
-    pub fn all_to_allv<T: DeviceElement>(
+    pub fn all_to_allv<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         send_counts: &[usize],

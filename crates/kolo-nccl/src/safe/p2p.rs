@@ -4,11 +4,10 @@
 
 use crate::error::NcclError;
 use crate::safe::comm::NcclComm;
-use crate::safe::ops::DeviceElement;
 use crate::safe::raw_comm::{grouped, RawComm};
 use crate::safe::work::Work;
 use cudarc::driver::{sys::CUdeviceptr, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use kolo_transport::Topology;
+use kolo_transport::{Element, Topology};
 
 /// Which end of a point-to-point transfer this rank is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +43,7 @@ unsafe fn transfer(
 impl NcclComm {
     /// Sends `buf` to `peer` (`ncclSend`). NCCL matches sends and receives
     /// between two ranks in issue order; there are no tags.
-    pub fn send<T: DeviceElement>(
+    pub fn send<T: Element>(
         &mut self,
         buf: &impl DevicePtr<T>,
         peer: usize,
@@ -61,7 +60,7 @@ impl NcclComm {
     }
 
     /// Receives `buf.len()` elements from `peer` (`ncclRecv`).
-    pub fn recv<T: DeviceElement>(
+    pub fn recv<T: Element>(
         &mut self,
         buf: &mut impl DevicePtrMut<T>,
         peer: usize,
@@ -81,7 +80,7 @@ impl NcclComm {
 
     /// Sends `send` to `dst` and receives `recv` from `src` in one group:
     /// no deadlock when every rank does the same (ring exchanges).
-    pub fn send_recv<T: DeviceElement>(
+    pub fn send_recv<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         dst: usize,
@@ -114,10 +113,34 @@ impl NcclComm {
     /// Many sends and receives (buffer, peer) in one NCCL group, always
     /// through NCCL (also with copy engines on): a point-to-point exchange
     /// among any subset of ranks, matched per pair in order.
-    pub fn send_recv_many<T: DeviceElement>(
+    pub fn send_recv_many<T: Element>(
         &mut self,
         sends: &[(&CudaSlice<T>, usize)],
         recvs: &mut [(&mut CudaSlice<T>, usize)],
+    ) -> Result<Work, NcclError> {
+        let what = format!(
+            "group of {} sends and {} receives of {}",
+            sends.len(),
+            recvs.len(),
+            T::DTYPE
+        );
+        let sends: Vec<(&dyn DevicePtr<T>, usize)> = sends
+            .iter()
+            .map(|(buf, peer)| (*buf as &dyn DevicePtr<T>, *peer))
+            .collect();
+        let mut recvs: Vec<(&mut dyn DevicePtrMut<T>, usize)> = recvs
+            .iter_mut()
+            .map(|(buf, peer)| (&mut **buf as &mut dyn DevicePtrMut<T>, *peer))
+            .collect();
+        self.send_recv_group(what, &sends, &mut recvs)
+    }
+
+    /// [`Self::send_recv_many`] over any device buffers, tracked as `what`.
+    pub(crate) fn send_recv_group<T>(
+        &mut self,
+        what: String,
+        sends: &[(&dyn DevicePtr<T>, usize)],
+        recvs: &mut [(&mut dyn DevicePtrMut<T>, usize)],
     ) -> Result<Work, NcclError> {
         for (buf, peer) in sends {
             self.check_device(*buf, "send buffer")?;
@@ -127,12 +150,6 @@ impl NcclComm {
             self.check_device(*buf, "recv buffer")?;
             self.check_peer(*peer, "recv")?;
         }
-        let what = format!(
-            "group of {} sends and {} receives of {}",
-            sends.len(),
-            recvs.len(),
-            T::DTYPE
-        );
         self.run(what, |comm| {
             let stream = comm.device.stream().clone();
             let raw = comm.raw()?;

@@ -9,18 +9,17 @@ use crate::error::NcclError;
 use crate::plan;
 use crate::reduce_plan::plan_reduce;
 use crate::safe::comm::NcclComm;
-use crate::safe::ops::DeviceElement;
 use crate::safe::raw_comm::grouped;
 use crate::safe::work::Work;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use kolo_protocol::{DataType, ReduceOp};
-use kolo_transport::{Scale, Topology};
+use kolo_transport::{Element, Scale, Topology};
 
 impl NcclComm {
     /// In place: `buf = postscale * op_r(prescale * buf_r)` over all ranks
     /// (averages divide the postscale by the number of ranks), with kolo's
     /// element semantics for every dtype but u16 / i16.
-    pub fn all_reduce<T: DeviceElement>(
+    pub fn all_reduce<T: Element>(
         &mut self,
         buf: &mut impl DevicePtrMut<T>,
         op: ReduceOp,
@@ -80,7 +79,7 @@ impl NcclComm {
 
     /// Out of place: `recv = op_r(send_r)`, scaled as [`Self::all_reduce`];
     /// `send` is only read.
-    pub fn all_reduce_into<T: DeviceElement>(
+    pub fn all_reduce_into<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,
@@ -138,7 +137,7 @@ impl NcclComm {
     /// `rank` (`counts[rank]` elements) in `recv`, scaled as in
     /// [`Self::all_reduce`]. Even counts use `ncclReduceScatter`, uneven
     /// ones one grouped `ncclReduce` per block.
-    pub fn reduce_scatter<T: DeviceElement>(
+    pub fn reduce_scatter<T: Element>(
         &mut self,
         send: &impl DevicePtr<T>,
         recv: &mut impl DevicePtrMut<T>,

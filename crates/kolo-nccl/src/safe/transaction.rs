@@ -12,12 +12,11 @@
 use crate::error::NcclError;
 use crate::reduce_plan::{plan_reduce, ReducePlan};
 use crate::safe::comm::NcclComm;
-use crate::safe::ops::DeviceElement;
 use cudarc::driver::{
     sys::CUdeviceptr, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop,
 };
 use kolo_protocol::{DataType, ReduceOp};
-use kolo_transport::{Scale, Topology};
+use kolo_transport::{Element, Scale, Topology};
 use std::marker::PhantomData;
 
 /// A read-only device buffer with its element type erased.
@@ -125,7 +124,7 @@ impl<'a> DeviceTransaction<'a> {
 
     /// Schedules an even reduce-scatter: `send` (`size * recv.len()`
     /// elements) reduced, block `rank` into `recv`.
-    pub fn reduce_scatter<T: DeviceElement, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+    pub fn reduce_scatter<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &mut self,
         send: &'a S,
         recv: &'a mut R,
@@ -185,7 +184,7 @@ impl<'a> DeviceTransaction<'a> {
     /// Schedules an in-place reduce-scatter of `buf` (`size` equal blocks):
     /// afterwards block `rank` holds the reduced block (LLMQ's gradient
     /// sharding); the other blocks are unspecified.
-    pub fn reduce_scatter_in_place<T: DeviceElement, B: DevicePtrMut<T>>(
+    pub fn reduce_scatter_in_place<T: Element, B: DevicePtrMut<T>>(
         &mut self,
         buf: &'a mut B,
         op: ReduceOp,
@@ -209,7 +208,7 @@ impl<'a> DeviceTransaction<'a> {
     }
 
     /// Schedules an even all-gather of every rank's `send` into `recv`.
-    pub fn all_gather<T: DeviceElement, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+    pub fn all_gather<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &mut self,
         send: &'a S,
         recv: &'a mut R,
@@ -230,7 +229,7 @@ impl<'a> DeviceTransaction<'a> {
 
     /// Schedules an in-place all-gather: block `rank` of `buf` is sent,
     /// every other block received (LLMQ's weight gathering).
-    pub fn all_gather_in_place<T: DeviceElement, B: DevicePtrMut<T>>(
+    pub fn all_gather_in_place<T: Element, B: DevicePtrMut<T>>(
         &mut self,
         buf: &'a mut B,
     ) -> Result<&mut Self, NcclError> {
@@ -249,7 +248,7 @@ impl<'a> DeviceTransaction<'a> {
 
     /// Schedules a send of `buf` to `peer` (matched in order by the peer's
     /// receives from this rank).
-    pub fn send<T: DeviceElement, S: DevicePtr<T>>(
+    pub fn send<T: Element, S: DevicePtr<T>>(
         &mut self,
         buf: &'a S,
         peer: usize,
@@ -268,7 +267,7 @@ impl<'a> DeviceTransaction<'a> {
     }
 
     /// Schedules a receive of `buf.len()` elements from `peer`.
-    pub fn recv<T: DeviceElement, R: DevicePtrMut<T>>(
+    pub fn recv<T: Element, R: DevicePtrMut<T>>(
         &mut self,
         buf: &'a mut R,
         peer: usize,
@@ -289,7 +288,7 @@ impl<'a> DeviceTransaction<'a> {
     /// Schedules LLMQ's destructive all-to-all of `buf` (`size` blocks,
     /// block p for rank p): this rank's own block is not preserved and the
     /// block from rank s lands in slot [`crate::destructive_slot`].
-    pub fn destructive_all_to_all<T: DeviceElement, B: DevicePtrMut<T>>(
+    pub fn destructive_all_to_all<T: Element, B: DevicePtrMut<T>>(
         &mut self,
         buf: &'a mut B,
     ) -> Result<&mut Self, NcclError> {

@@ -3,14 +3,15 @@
 //! rank, each result checked against the reference.
 
 use crate::checks::{
-    check_allgatherv, check_allreduce, check_allreduce_segments, check_alltoallv, check_barrier,
-    check_broadcast, check_reduce_scatter, check_send_recv, check_sendrecv, check_transaction,
+    check_allgatherv_on, check_allreduce_on, check_allreduce_segments_on, check_alltoallv_on,
+    check_barrier_on, check_broadcast_on, check_reduce_scatter_on, check_send_recv_on,
+    check_sendrecv_on, check_transaction_on,
 };
 use crate::failure::Failure;
 use crate::suite::{Report, SCALED};
 use crate::values::{uneven_counts, uneven_segments};
 use kolo_protocol::{DataType, ReduceOp};
-use kolo_transport::{with_element_type, Collectives, Controller, Scale};
+use kolo_transport::{with_element_type, Collectives, Controller, Host, Memory, Scale};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -141,33 +142,46 @@ pub fn run_random_cases<C: Collectives + Controller>(
     comm: &mut C,
     cases: &[RandomCase],
 ) -> Result<Report, Failure> {
+    run_random_cases_on::<Host, C>(comm, cases)
+}
+
+/// [`run_random_cases`] on memory `M`.
+pub fn run_random_cases_on<M: Memory, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    cases: &[RandomCase],
+) -> Result<Report, Failure> {
     let mut report = Report::default();
     for case in cases {
-        run_case(comm, case)?;
+        run_case::<M, C>(comm, case)?;
         report.add(case.op.name(), 1);
     }
     Ok(report)
 }
 
-fn run_case<C: Collectives + Controller>(comm: &mut C, case: &RandomCase) -> Result<(), Failure> {
+fn run_case<M: Memory, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    case: &RandomCase,
+) -> Result<(), Failure> {
     let n = comm.size();
     let scale = if case.scaled { SCALED } else { Scale::NONE };
     let count = case.count;
     with_element_type!(case.dtype, T => match case.op {
-        RandomOp::Allreduce => check_allreduce::<T, C>(comm, count, case.reduce, scale),
+        RandomOp::Allreduce => check_allreduce_on::<M, T, C>(comm, count, case.reduce, scale),
         RandomOp::AllreduceSegments => {
-            check_allreduce_segments::<T, C>(comm, &uneven_segments(count), case.reduce, scale)
+            let lens = uneven_segments(count);
+            check_allreduce_segments_on::<M, T, C>(comm, &lens, case.reduce, scale)
         }
         RandomOp::ReduceScatter => {
-            check_reduce_scatter::<T, C>(comm, &uneven_counts(count, n), case.reduce, scale)
+            let counts = uneven_counts(count, n);
+            check_reduce_scatter_on::<M, T, C>(comm, &counts, case.reduce, scale)
         }
-        RandomOp::Allgatherv => check_allgatherv::<T, C>(comm, &uneven_counts(count, n)),
-        RandomOp::Broadcast => check_broadcast::<T, C>(comm, count, case.root % n),
-        RandomOp::Alltoallv => check_alltoallv::<T, C>(comm, count),
-        RandomOp::SendRecvTags => check_send_recv::<T, C>(comm, count),
-        RandomOp::SendRecvRing => check_sendrecv::<T, C>(comm, count),
-        RandomOp::Barrier => check_barrier(comm, 1),
-        RandomOp::Transaction => check_transaction::<T, C>(comm, count),
+        RandomOp::Allgatherv => check_allgatherv_on::<M, T, C>(comm, &uneven_counts(count, n)),
+        RandomOp::Broadcast => check_broadcast_on::<M, T, C>(comm, count, case.root % n),
+        RandomOp::Alltoallv => check_alltoallv_on::<M, T, C>(comm, count),
+        RandomOp::SendRecvTags => check_send_recv_on::<M, T, C>(comm, count),
+        RandomOp::SendRecvRing => check_sendrecv_on::<M, T, C>(comm, count),
+        RandomOp::Barrier => check_barrier_on::<M, C>(comm, 1),
+        RandomOp::Transaction => check_transaction_on::<M, T, C>(comm, count),
     })
 }
 

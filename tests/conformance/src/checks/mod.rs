@@ -2,8 +2,14 @@
 //! same arguments, same order), runs one case, checks this rank's result
 //! against the sequential reference, and agrees with the other ranks on
 //! the outcome (one `allgather_bytes`), so that all ranks fail together.
+//!
+//! Each data-plane check has a host form (`check_allreduce`, for
+//! `Collectives` on host memory) and one over any memory
+//! (`check_allreduce_on::<M, ..>`): inputs go in with `buffer_from`,
+//! results come back with `read_buffer` after `synchronize`.
 
 mod controller;
+mod copies;
 mod movement;
 mod p2p;
 mod reductions;
@@ -13,10 +19,22 @@ pub use controller::{
     check_allgather_bytes, check_bitwise_allreduce, check_broadcast_bytes, check_control_barrier,
     check_controller, check_gather_bytes,
 };
-pub use movement::{check_allgatherv, check_alltoallv, check_broadcast};
-pub use p2p::{check_barrier, check_barrier_counter, check_send_recv, check_sendrecv};
-pub use reductions::{check_allreduce, check_allreduce_segments, check_reduce_scatter};
-pub use transaction::check_transaction;
+pub use copies::{check_pack_unpack, check_pack_unpack_on};
+pub use movement::{
+    check_allgatherv, check_allgatherv_on, check_alltoallv, check_alltoallv_on, check_broadcast,
+    check_broadcast_on,
+};
+pub use p2p::{
+    check_barrier, check_barrier_counter, check_barrier_counter_on, check_barrier_on,
+    check_send_recv, check_send_recv_on, check_sendrecv, check_sendrecv_on,
+};
+pub(crate) use reductions::{allreduce_case, allreduce_segments_case, reduce_scatter_case};
+pub use reductions::{
+    check_allreduce, check_allreduce_on, check_allreduce_segments, check_allreduce_segments_on,
+    check_reduce_scatter, check_reduce_scatter_on,
+};
+pub(crate) use transaction::transaction_case;
+pub use transaction::{check_transaction, check_transaction_on};
 
 use crate::failure::{check, Failure};
 

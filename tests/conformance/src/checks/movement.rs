@@ -2,10 +2,11 @@
 //! broadcast, alltoallv. Results must match bit for bit.
 
 use super::check_counts;
+use crate::buffers::{download, upload, zeroed};
 use crate::failure::{agree, check, transport, Failure};
 use crate::reference::{check_inputs, Inputs};
 use crate::values::{alltoall_count, inputs, salt_of, Values};
-use kolo_transport::{Collectives, Controller, Element};
+use kolo_transport::{Collectives, Controller, Element, Host, Memory};
 
 /// Allgatherv with `counts[r]` elements from rank r (one entry per rank,
 /// the same on every rank; zeros allowed); every rank checks every block.
@@ -13,14 +14,24 @@ pub fn check_allgatherv<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     counts: &[usize],
 ) -> Result<(), Failure> {
+    check_allgatherv_on::<Host, T, C>(comm, counts)
+}
+
+/// [`check_allgatherv`] on memory `M`.
+pub fn check_allgatherv_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    counts: &[usize],
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!("allgatherv dtype={} counts={counts:?} size={n}", T::DTYPE);
     check_counts(&case, rank, counts, n)?;
     let salt = salt_of(&case);
-    let send = inputs::<T>(counts[rank], Values::General, salt, rank, 0);
-    let mut recv = vec![T::default(); counts.iter().sum()];
-    comm.allgatherv(&send, &mut recv, counts)
+    let host = inputs::<T>(counts[rank], Values::General, salt, rank, 0);
+    let send = upload::<M, T, C>(comm, &case, rank, &host)?;
+    let mut out = zeroed::<M, T, C>(comm, &case, rank, counts.iter().sum())?;
+    comm.allgatherv(M::view(&send), M::view_mut(&mut out), counts)
         .map_err(transport(&case, rank))?;
+    let recv = download::<M, T, C>(comm, &case, rank, &out)?;
     let mut local = Ok(());
     let mut offset = 0;
     for (source, &count) in counts.iter().enumerate() {
@@ -44,6 +55,15 @@ pub fn check_broadcast<T: Element, C: Collectives + Controller>(
     count: usize,
     root: usize,
 ) -> Result<(), Failure> {
+    check_broadcast_on::<Host, T, C>(comm, count, root)
+}
+
+/// [`check_broadcast`] on memory `M`.
+pub fn check_broadcast_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+    root: usize,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!(
         "broadcast dtype={} count={count} root={root} size={n}",
@@ -58,9 +78,11 @@ pub fn check_broadcast<T: Element, C: Collectives + Controller>(
     }
     let salt = salt_of(&case);
     // Non-roots start from their own inputs: wrong unless overwritten.
-    let mut buf = inputs::<T>(count, Values::General, salt, rank, 0);
-    comm.broadcast(&mut buf, root)
+    let host = inputs::<T>(count, Values::General, salt, rank, 0);
+    let mut dev = upload::<M, T, C>(comm, &case, rank, &host)?;
+    comm.broadcast(M::view_mut(&mut dev), root)
         .map_err(transport(&case, rank))?;
+    let buf = download::<M, T, C>(comm, &case, rank, &dev)?;
     let expected = Inputs {
         values: Values::General,
         salt,
@@ -84,6 +106,14 @@ pub fn check_alltoallv<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     base: usize,
 ) -> Result<(), Failure> {
+    check_alltoallv_on::<Host, T, C>(comm, base)
+}
+
+/// [`check_alltoallv`] on memory `M`.
+pub fn check_alltoallv_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    base: usize,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!("alltoallv dtype={} base={base} size={n}", T::DTYPE);
     let salt = salt_of(&case);
@@ -99,9 +129,16 @@ pub fn check_alltoallv<T: Element, C: Collectives + Controller>(
             block_start(dst),
         ));
     }
-    let mut recv = vec![T::default(); recv_counts.iter().sum()];
-    comm.alltoallv(&send, &send_counts, &mut recv, &recv_counts)
-        .map_err(transport(&case, rank))?;
+    let send = upload::<M, T, C>(comm, &case, rank, &send)?;
+    let mut out = zeroed::<M, T, C>(comm, &case, rank, recv_counts.iter().sum())?;
+    comm.alltoallv(
+        M::view(&send),
+        &send_counts,
+        M::view_mut(&mut out),
+        &recv_counts,
+    )
+    .map_err(transport(&case, rank))?;
+    let recv = download::<M, T, C>(comm, &case, rank, &out)?;
     let mut local = Ok(());
     let mut offset = 0;
     for (src, &count) in recv_counts.iter().enumerate() {

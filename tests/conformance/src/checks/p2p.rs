@@ -1,9 +1,10 @@
 //! Point-to-point messages and barriers.
 
+use crate::buffers::{download, upload, zeroed};
 use crate::failure::{agree, check, transport, Failure};
 use crate::reference::{check_inputs, Inputs};
 use crate::values::{inputs, salt_of, Values};
-use kolo_transport::{Collectives, Controller, Element};
+use kolo_transport::{Collectives, Controller, Element, Host, Memory};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The tags in the order they are sent; they are received as 1, 2, 3.
@@ -27,6 +28,14 @@ pub fn check_send_recv<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     count: usize,
 ) -> Result<(), Failure> {
+    check_send_recv_on::<Host, T, C>(comm, count)
+}
+
+/// [`check_send_recv`] on memory `M`.
+pub fn check_send_recv_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!(
         "send_recv dtype={} count={count} tags=3,1,2 rounds={ROUNDS} size={n}",
@@ -38,8 +47,10 @@ pub fn check_send_recv<T: Element, C: Collectives + Controller>(
         for tag in TAGS_SENT {
             for &peer in &peers {
                 let start = message_start(peer, tag, round);
-                let msg = inputs::<T>(count + round, Values::General, salt, rank, start);
-                comm.send(&msg, peer, tag).map_err(transport(&case, rank))?;
+                let host = inputs::<T>(count + round, Values::General, salt, rank, start);
+                let msg = upload::<M, T, C>(comm, &case, rank, &host)?;
+                comm.send(M::view(&msg), peer, tag)
+                    .map_err(transport(&case, rank))?;
             }
         }
     }
@@ -47,9 +58,10 @@ pub fn check_send_recv<T: Element, C: Collectives + Controller>(
     for tag in [1, 2, 3] {
         for round in 0..ROUNDS {
             for &peer in peers.iter().rev() {
-                let mut buf = vec![T::default(); count + round];
-                comm.recv(&mut buf, peer, tag)
+                let mut dev = zeroed::<M, T, C>(comm, &case, rank, count + round)?;
+                comm.recv(M::view_mut(&mut dev), peer, tag)
                     .map_err(transport(&case, rank))?;
+                let buf = download::<M, T, C>(comm, &case, rank, &dev)?;
                 let start = message_start(rank, tag, round);
                 let sent = Inputs {
                     values: Values::General,
@@ -70,16 +82,26 @@ pub fn check_sendrecv<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     count: usize,
 ) -> Result<(), Failure> {
+    check_sendrecv_on::<Host, T, C>(comm, count)
+}
+
+/// [`check_sendrecv`] on memory `M`.
+pub fn check_sendrecv_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!("sendrecv dtype={} count={count} size={n}", T::DTYPE);
     let mut local = Ok(());
     if n > 1 {
         let salt = salt_of(&case);
         let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
-        let send = inputs::<T>(count, Values::General, salt, rank, 0);
-        let mut recv = vec![T::default(); count];
-        comm.sendrecv(&send, right, &mut recv, left, 9)
+        let host = inputs::<T>(count, Values::General, salt, rank, 0);
+        let send = upload::<M, T, C>(comm, &case, rank, &host)?;
+        let mut dev = zeroed::<M, T, C>(comm, &case, rank, count)?;
+        comm.sendrecv(M::view(&send), right, M::view_mut(&mut dev), left, 9)
             .map_err(transport(&case, rank))?;
+        let recv = download::<M, T, C>(comm, &case, rank, &dev)?;
         let sent = Inputs {
             values: Values::General,
             salt,
@@ -98,25 +120,35 @@ pub fn check_barrier<C: Collectives + Controller>(
     comm: &mut C,
     rounds: usize,
 ) -> Result<(), Failure> {
+    check_barrier_on::<Host, C>(comm, rounds)
+}
+
+/// [`check_barrier`] on memory `M`.
+pub fn check_barrier_on<M: Memory, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    rounds: usize,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!("barrier rounds={rounds} size={n}");
     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
     let mut local = Ok(());
     for round in 0..rounds as i32 {
         if n > 1 {
-            comm.send(&[round], right, 11)
+            let msg = upload::<M, i32, C>(comm, &case, rank, &[round])?;
+            comm.send(M::view(&msg), right, 11)
                 .map_err(transport(&case, rank))?;
         }
         comm.barrier().map_err(transport(&case, rank))?;
         if n > 1 {
-            let mut got = [-1i32];
-            comm.recv(&mut got, left, 11)
+            let mut dev = upload::<M, i32, C>(comm, &case, rank, &[-1])?;
+            comm.recv(M::view_mut(&mut dev), left, 11)
                 .map_err(transport(&case, rank))?;
-            if got[0] != round && local.is_ok() {
+            let got = download::<M, i32, C>(comm, &case, rank, &dev)?;
+            if got.as_slice() != [round] && local.is_ok() {
                 local = Err(check(
                     &case,
                     rank,
-                    format!("round {round}: received round {} after the barrier", got[0]),
+                    format!("round {round}: received {got:?} after the barrier"),
                 ));
             }
         }
@@ -129,6 +161,15 @@ pub fn check_barrier<C: Collectives + Controller>(
 /// each of `rounds` barriers and checks after it that all `size` ranks of
 /// that round have arrived: a barrier that lets a rank through early fails.
 pub fn check_barrier_counter<C: Collectives + Controller>(
+    comm: &mut C,
+    arrivals: &AtomicUsize,
+    rounds: usize,
+) -> Result<(), Failure> {
+    check_barrier_counter_on::<Host, C>(comm, arrivals, rounds)
+}
+
+/// [`check_barrier_counter`] on memory `M`.
+pub fn check_barrier_counter_on<M: Memory, C: Collectives<M> + Controller>(
     comm: &mut C,
     arrivals: &AtomicUsize,
     rounds: usize,

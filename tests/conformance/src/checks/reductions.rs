@@ -1,11 +1,12 @@
 //! Allreduce (contiguous and over segments) and reduce-scatter.
 
 use super::check_counts;
+use crate::buffers::{download, refused, upload, zeroed, Expect};
 use crate::failure::{agree, transport, Failure};
 use crate::reference::Reduction;
 use crate::values::{inputs, salt_of, Values};
 use kolo_protocol::ReduceOp;
-use kolo_transport::{Collectives, Controller, Element, Scale};
+use kolo_transport::{Collectives, Controller, Element, Host, Memory, Scale};
 
 fn reduction(case: &str, ranks: usize, op: ReduceOp, scale: Scale) -> Reduction {
     Reduction {
@@ -25,6 +26,26 @@ pub fn check_allreduce<T: Element, C: Collectives + Controller>(
     op: ReduceOp,
     scale: Scale,
 ) -> Result<(), Failure> {
+    check_allreduce_on::<Host, T, C>(comm, count, op, scale)
+}
+
+/// [`check_allreduce`] on memory `M`.
+pub fn check_allreduce_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), Failure> {
+    allreduce_case::<M, T, C>(comm, count, op, scale, Expect::Result)
+}
+
+pub(crate) fn allreduce_case<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+    op: ReduceOp,
+    scale: Scale,
+    expect: Expect,
+) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!(
         "allreduce dtype={} count={count} op={} prescale={} postscale={} size={n}",
@@ -34,23 +55,51 @@ pub fn check_allreduce<T: Element, C: Collectives + Controller>(
         scale.postscale
     );
     let reduction = reduction(&case, n, op, scale);
-    let mut buf = inputs::<T>(count, reduction.values, reduction.salt, rank, 0);
-    comm.allreduce(&mut buf, op, scale)
-        .map_err(transport(&case, rank))?;
-    let local = reduction.check(&case, rank, 0, &buf, 0);
+    let host = inputs::<T>(count, reduction.values, reduction.salt, rank, 0);
+    let mut buf = upload::<M, T, C>(comm, &case, rank, &host)?;
+    let outcome = comm.allreduce(M::view_mut(&mut buf), op, scale);
+    let local = match expect {
+        Expect::Unsupported => refused::<T>(&case, rank, outcome),
+        Expect::Result => {
+            outcome.map_err(transport(&case, rank))?;
+            let got = download::<M, T, C>(comm, &case, rank, &buf)?;
+            reduction.check(&case, rank, 0, &got, 0)
+        }
+    };
     agree(comm, &case, local)
 }
 
 /// `allreduce_segments` over segments of `lens` elements of `T` (the same
 /// on every rank; zero segments and empty ones allowed) with `op` and
 /// `scale`. Rank r's inputs are those an allreduce of the concatenation
-/// would get, cut into the segments; every rank checks every segment
-/// against the reduction of the concatenation, reporting indices into it.
+/// would get, cut into the segments (one buffer each); every rank checks
+/// every segment against the reduction of the concatenation, reporting
+/// indices into it.
 pub fn check_allreduce_segments<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     lens: &[usize],
     op: ReduceOp,
     scale: Scale,
+) -> Result<(), Failure> {
+    check_allreduce_segments_on::<Host, T, C>(comm, lens, op, scale)
+}
+
+/// [`check_allreduce_segments`] on memory `M`.
+pub fn check_allreduce_segments_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    lens: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), Failure> {
+    allreduce_segments_case::<M, T, C>(comm, lens, op, scale, Expect::Result)
+}
+
+pub(crate) fn allreduce_segments_case<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    lens: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+    expect: Expect,
 ) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let total: usize = lens.iter().sum();
@@ -70,24 +119,28 @@ pub fn check_allreduce_segments<T: Element, C: Collectives + Controller>(
     let mut segments = Vec::with_capacity(lens.len());
     let mut start = 0;
     for &len in lens {
-        segments.push(inputs::<T>(
-            len,
-            reduction.values,
-            reduction.salt,
-            rank,
-            start as u64,
-        ));
+        let host = inputs::<T>(len, reduction.values, reduction.salt, rank, start as u64);
+        segments.push(upload::<M, T, C>(comm, &case, rank, &host)?);
         start += len;
     }
-    let mut views: Vec<&mut [T]> = segments.iter_mut().map(Vec::as_mut_slice).collect();
-    comm.allreduce_segments(&mut views, op, scale)
-        .map_err(transport(&case, rank))?;
-    let mut local = Ok(());
-    let mut start = 0;
-    for segment in &segments {
-        local = local.and_then(|()| reduction.check(&case, rank, start, segment, start));
-        start += segment.len();
-    }
+    let outcome = {
+        let mut views: Vec<M::Mut<'_, T>> = segments.iter_mut().map(M::view_mut).collect();
+        comm.allreduce_segments(&mut views, op, scale)
+    };
+    let local = match expect {
+        Expect::Unsupported => refused::<T>(&case, rank, outcome),
+        Expect::Result => {
+            outcome.map_err(transport(&case, rank))?;
+            let mut local = Ok(());
+            let mut start = 0;
+            for (segment, &len) in segments.iter().zip(lens) {
+                let got = download::<M, T, C>(comm, &case, rank, segment)?;
+                local = local.and_then(|()| reduction.check(&case, rank, start, &got, start));
+                start += len;
+            }
+            local
+        }
+    };
     agree(comm, &case, local)
 }
 
@@ -99,6 +152,26 @@ pub fn check_reduce_scatter<T: Element, C: Collectives + Controller>(
     counts: &[usize],
     op: ReduceOp,
     scale: Scale,
+) -> Result<(), Failure> {
+    check_reduce_scatter_on::<Host, T, C>(comm, counts, op, scale)
+}
+
+/// [`check_reduce_scatter`] on memory `M`.
+pub fn check_reduce_scatter_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    counts: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+) -> Result<(), Failure> {
+    reduce_scatter_case::<M, T, C>(comm, counts, op, scale, Expect::Result)
+}
+
+pub(crate) fn reduce_scatter_case<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    counts: &[usize],
+    op: ReduceOp,
+    scale: Scale,
+    expect: Expect,
 ) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!(
@@ -112,10 +185,17 @@ pub fn check_reduce_scatter<T: Element, C: Collectives + Controller>(
     let reduction = reduction(&case, n, op, scale);
     let total = counts.iter().sum();
     let offset: usize = counts[..rank].iter().sum();
-    let send = inputs::<T>(total, reduction.values, reduction.salt, rank, 0);
-    let mut recv = vec![T::default(); counts[rank]];
-    comm.reduce_scatter(&send, &mut recv, counts, op, scale)
-        .map_err(transport(&case, rank))?;
-    let local = reduction.check(&case, rank, offset, &recv, 0);
+    let host = inputs::<T>(total, reduction.values, reduction.salt, rank, 0);
+    let send = upload::<M, T, C>(comm, &case, rank, &host)?;
+    let mut recv = zeroed::<M, T, C>(comm, &case, rank, counts[rank])?;
+    let outcome = comm.reduce_scatter(M::view(&send), M::view_mut(&mut recv), counts, op, scale);
+    let local = match expect {
+        Expect::Unsupported => refused::<T>(&case, rank, outcome),
+        Expect::Result => {
+            outcome.map_err(transport(&case, rank))?;
+            let got = download::<M, T, C>(comm, &case, rank, &recv)?;
+            reduction.check(&case, rank, offset, &got, 0)
+        }
+    };
     agree(comm, &case, local)
 }

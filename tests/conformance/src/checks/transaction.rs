@@ -1,11 +1,12 @@
 //! A transaction: reduce-scatter, all-gather, send and receive issued as
 //! one group.
 
+use crate::buffers::{download, refused, upload, zeroed, Expect};
 use crate::failure::{agree, transport, Failure};
 use crate::reference::{check_inputs, Inputs, Reduction};
 use crate::values::{inputs, salt_of, Values};
 use kolo_protocol::ReduceOp;
-use kolo_transport::{Collectives, Controller, Element, Scale, Transaction};
+use kolo_transport::{Collectives, Controller, Element, Host, Memory, Scale, Transaction};
 
 /// One transaction holding an even reduce-scatter (`count` elements per
 /// rank, average with postscale 2), an even all-gather (`count` per rank),
@@ -14,6 +15,24 @@ use kolo_transport::{Collectives, Controller, Element, Scale, Transaction};
 pub fn check_transaction<T: Element, C: Collectives + Controller>(
     comm: &mut C,
     count: usize,
+) -> Result<(), Failure> {
+    check_transaction_on::<Host, T, C>(comm, count)
+}
+
+/// [`check_transaction`] on memory `M`.
+pub fn check_transaction_on<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+) -> Result<(), Failure> {
+    transaction_case::<M, T, C>(comm, count, Expect::Result)
+}
+
+/// The transaction case; with [`Expect::Unsupported`] the reduce-scatter
+/// in it must make the backend refuse the whole transaction.
+pub(crate) fn transaction_case<M: Memory, T: Element, C: Collectives<M> + Controller>(
+    comm: &mut C,
+    count: usize,
+    expect: Expect,
 ) -> Result<(), Failure> {
     let (rank, n) = (comm.rank(), comm.size());
     let case = format!(
@@ -35,21 +54,50 @@ pub fn check_transaction<T: Element, C: Collectives + Controller>(
     };
     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
 
-    let scatter_send = inputs::<T>(count * n, Values::General, salt, rank, 0);
-    let mut scatter_recv = vec![T::default(); count];
-    let gather_send = inputs::<T>(count, Values::General, gather_salt, rank, 0);
-    let mut gather_recv = vec![T::default(); count * n];
-    let p2p_send = inputs::<T>(count, Values::General, p2p_salt, rank, 0);
-    let mut p2p_recv = vec![T::default(); count];
-    {
-        let mut tx = Transaction::new();
-        tx.reduce_scatter(&scatter_send, &mut scatter_recv, ReduceOp::Average, scale)
-            .all_gather(&gather_send, &mut gather_recv);
+    let scatter_send = upload::<M, T, C>(
+        comm,
+        &case,
+        rank,
+        &inputs::<T>(count * n, Values::General, salt, rank, 0),
+    )?;
+    let mut scatter_out = zeroed::<M, T, C>(comm, &case, rank, count)?;
+    let gather_send = upload::<M, T, C>(
+        comm,
+        &case,
+        rank,
+        &inputs::<T>(count, Values::General, gather_salt, rank, 0),
+    )?;
+    let mut gather_out = zeroed::<M, T, C>(comm, &case, rank, count * n)?;
+    let p2p_send = upload::<M, T, C>(
+        comm,
+        &case,
+        rank,
+        &inputs::<T>(count, Values::General, p2p_salt, rank, 0),
+    )?;
+    let mut p2p_out = zeroed::<M, T, C>(comm, &case, rank, count)?;
+    let outcome = {
+        let mut tx = Transaction::<T, M>::default();
+        tx.reduce_scatter(
+            M::view(&scatter_send),
+            M::view_mut(&mut scatter_out),
+            ReduceOp::Average,
+            scale,
+        )
+        .all_gather(M::view(&gather_send), M::view_mut(&mut gather_out));
         if n > 1 {
-            tx.send(&p2p_send, right, 21).recv(&mut p2p_recv, left, 21);
+            tx.send(M::view(&p2p_send), right, 21)
+                .recv(M::view_mut(&mut p2p_out), left, 21);
         }
-        comm.execute(tx).map_err(transport(&case, rank))?;
+        comm.execute(tx)
+    };
+    if expect == Expect::Unsupported {
+        let local = refused::<T>(&case, rank, outcome);
+        return agree(comm, &case, local);
     }
+    outcome.map_err(transport(&case, rank))?;
+    let scatter_recv = download::<M, T, C>(comm, &case, rank, &scatter_out)?;
+    let gather_recv = download::<M, T, C>(comm, &case, rank, &gather_out)?;
+    let p2p_recv = download::<M, T, C>(comm, &case, rank, &p2p_out)?;
 
     let mut local = reduction.check(&case, rank, rank * count, &scatter_recv, 0);
     for source in 0..n {

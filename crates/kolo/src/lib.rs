@@ -36,15 +36,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod background;
-mod batches;
 pub mod config;
-mod device;
 mod engine;
 mod error;
 mod group;
 mod handle;
-mod lease;
+mod kolo;
 mod logging;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -52,20 +49,17 @@ mod mpi;
 pub mod nccl;
 mod ops;
 mod panic_text;
-mod perform;
-mod progress;
 mod scope;
 mod split;
 mod stats;
-mod table;
 mod tensor;
 pub mod threads;
 
 pub use config::{BackendKind, Config, LogLevel};
-pub use engine::Kolo;
 pub use error::Error;
 pub use group::TensorGroup;
 pub use handle::Handle;
+pub use kolo::Kolo;
 pub use kolo_protocol::{DataType, ReduceOp};
 pub use kolo_transport::Element;
 pub use logging::init_logging;

@@ -11,17 +11,18 @@
 //! The blocking [`Kolo::allreduce`] and [`Kolo::grouped_allreduce`] run in
 //! a scope of their own.
 
-use crate::engine::Kolo;
+use crate::engine::lease::Leases;
+use crate::engine::submission::Submission;
 use crate::error::Error;
-use crate::group::{Group, TensorGroup};
+use crate::group::TensorGroup;
 use crate::handle::Handle;
-use crate::lease::ScopeCore;
+use crate::kolo::Kolo;
 use crate::ops::ReduceOptions;
 use crate::tensor::{shape_problem, TensorMut};
 use kolo_protocol::RequestKind;
 use kolo_transport::Element;
-use std::any::TypeId;
-use std::ptr::NonNull;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 /// A scope for zero-copy collectives on host tensors (see
@@ -37,67 +38,47 @@ impl std::fmt::Debug for Scope<'_, '_> {
     }
 }
 
-/// A caller's tensor lent to the engine for a scope: the engine reads and
-/// writes it in place. The submission it belongs to holds a lease of the
-/// scope, which it returns once its last tensor completed — after the
-/// engine's last access to every one of its tensors.
-pub(crate) struct Lent {
-    ptr: NonNull<u8>,
-    len: usize,
-    element: TypeId,
+/// What every scope ([`crate::Scope`], the GPU engine's device scope)
+/// holds: the engine, the leases on the tensors lent in it, and its two
+/// lifetimes (invariant, like `std::thread::Scope`'s): `'scope`, for which
+/// tensors are lent, inside `'env`, for which the engine is borrowed.
+pub(crate) struct ScopeCore<'scope, 'env: 'scope> {
+    pub(crate) kolo: &'env Kolo,
+    pub(crate) leases: Arc<Leases>,
+    /// The scope of a blocking call, which waits for its submission at
+    /// once: its submissions do not wake the background thread (see
+    /// `Submission::quietly`).
+    pub(crate) blocking: bool,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
 }
 
-// SAFETY: a `Lent` stands for the `&'scope mut [T]` it was made from,
-// which the scope keeps borrowed (nothing else can reach the memory) until
-// every lease is back; moving that exclusive access to the engine's thread
-// is sound because it is only ever read as a `T: Element`, and `Element`
-// types are `Send`.
-unsafe impl Send for Lent {}
-
-impl Lent {
-    /// Lends `data`.
-    pub(crate) fn new<T: Element>(data: &mut [T]) -> Self {
-        Lent {
-            len: data.len(),
-            ptr: NonNull::from(data).cast(),
-            element: TypeId::of::<T>(),
+impl<'env> ScopeCore<'_, 'env> {
+    /// A scope on `kolo` with no tensor lent yet.
+    pub(crate) fn new(kolo: &'env Kolo) -> Self {
+        ScopeCore {
+            kolo,
+            leases: Arc::new(Leases::default()),
+            blocking: false,
+            _scope: PhantomData,
+            _env: PhantomData,
         }
     }
 
-    /// The view's address, length and element type, to keep elsewhere.
-    pub(crate) fn parts(&self) -> (NonNull<u8>, usize, TypeId) {
-        (self.ptr, self.len, self.element)
+    /// Runs `body` (the caller's closure on the scope), then waits until
+    /// the engine returned every lease of `leases` — also when `body`
+    /// panicked, whose panic is resumed after that.
+    pub(crate) fn run<R>(leases: Arc<Leases>, body: impl FnOnce() -> R) -> R {
+        let outcome = catch_unwind(AssertUnwindSafe(body));
+        leases.wait_all();
+        outcome.unwrap_or_else(|panic| resume_unwind(panic))
     }
 
-    /// A view rebuilt from [`Lent::parts`].
-    ///
-    /// # Safety
-    ///
-    /// The parts come from [`Lent::parts`] of a view whose submission's
-    /// lease is still out (or `len` is 0 with the original address), and
-    /// no other view rebuilt from them is used while this one lives.
-    pub(crate) unsafe fn from_parts(ptr: NonNull<u8>, len: usize, element: TypeId) -> Self {
-        Lent { ptr, len, element }
-    }
-
-    /// True when the lent elements are `T`s.
-    pub(crate) fn holds<T: Element>(&self) -> bool {
-        self.element == TypeId::of::<T>()
-    }
-
-    /// The lent elements, if they are `T`s.
-    pub(crate) fn as_mut_slice<T: Element>(&mut self) -> Option<&mut [T]> {
-        if !self.holds::<T>() {
-            return None;
-        }
-        // SAFETY: `ptr` and `len` come from a live `&'scope mut [T]` of
-        // exactly this `T` (checked above). The scope does not end — so the
-        // memory stays valid and unaliased — before the lease of this
-        // tensor's submission is back, which happens only once every
-        // tensor of the submission completed; the engine completes a
-        // tensor only after its last access through this view, and `&mut
-        // self` makes this the only access through it.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<T>(), self.len) })
+    /// The `Debug` output of a scope type called `name`.
+    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("rank", &self.kolo.rank())
+            .finish()
     }
 }
 
@@ -134,7 +115,7 @@ impl Kolo {
     /// The scope of a blocking call, which waits for what it submits at
     /// once: its submissions leave the background thread asleep, and the
     /// wait runs the engine's cycles on the caller's thread where it can
-    /// (see `crate::progress`).
+    /// (see `crate::engine::progress`).
     pub(crate) fn blocking_scope<'env, R>(
         &'env self,
         f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> R,
@@ -180,7 +161,7 @@ impl<'scope> Scope<'scope, '_> {
         let tensors = tensors.into_iter();
         let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
         let lease = Some(self.core.leases.lease());
-        let mut group = Group::new(template, tensors.size_hint().0, false, lease);
+        let mut group = Submission::new(template, tensors.size_hint().0, false, lease);
         lend_all(&mut group, tensors)?;
         let completion = kolo.submit(group.quietly(self.core.blocking))?;
         Ok(Handle::new(completion, |_| Ok(())))
@@ -230,12 +211,12 @@ impl<'scope> Scope<'scope, '_> {
         &self,
         group: &TensorGroup,
         options: ReduceOptions,
-        lend: impl FnOnce(&mut Group<'_>) -> Result<(), Error>,
+        lend: impl FnOnce(&mut Submission<'_>) -> Result<(), Error>,
     ) -> Result<Handle<'scope, ()>, Error> {
         let kolo = self.core.kolo;
         let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
         let lease = Some(self.core.leases.lease());
-        let mut submission = Group::known(template, group, lease);
+        let mut submission = Submission::known(template, group.list(), lease);
         lend(&mut submission)?;
         let completion = kolo.submit(submission.quietly(self.core.blocking))?;
         Ok(Handle::new(completion, |_| Ok(())))
@@ -247,7 +228,7 @@ impl<'scope> Scope<'scope, '_> {
 /// [`lend_all`].
 #[inline(never)]
 fn lend_group<'scope, T: Element>(
-    submission: &mut Group<'_>,
+    submission: &mut Submission<'_>,
     group: &TensorGroup,
     tensors: impl Iterator<Item = TensorMut<'scope, T>>,
 ) -> Result<(), Error> {
@@ -262,7 +243,7 @@ fn lend_group<'scope, T: Element>(
 /// stack on every tensor).
 #[inline(never)]
 fn lend_all<'n, 'scope, T: Element>(
-    group: &mut Group<'n>,
+    group: &mut Submission<'n>,
     tensors: impl Iterator<Item = (&'n str, TensorMut<'scope, T>)>,
 ) -> Result<(), Error> {
     for (name, tensor) in tensors {

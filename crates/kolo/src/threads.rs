@@ -2,8 +2,9 @@
 //! memory backend: the embedded way to use kolo, and how its tests run.
 
 use crate::config::Config;
-use crate::engine::{open_timeline, Kolo};
+use crate::engine::launch::open_timeline;
 use crate::error::Error;
+use crate::kolo::Kolo;
 use crate::panic_text::panic_text;
 use kolo_threads::ThreadComm;
 use kolo_timeline::Timeline;

@@ -4,8 +4,8 @@
 //! into.
 
 use super::plane::{
-    topology, NcclPlane, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST,
-    NCCL_REDUCESCATTER,
+    topology, Enqueued, NcclPlane, Output, Outputs, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE,
+    NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
 use super::tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
@@ -14,24 +14,7 @@ use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Untracke
 use kolo_protocol::Response;
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::Scale;
-use std::any::Any;
 use std::sync::Arc;
-
-/// What a response leaves per tensor: an output the engine allocated
-/// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`]) with its
-/// shape, or nothing (in-place results).
-pub(crate) type Outputs = Vec<Option<Output>>;
-
-/// One tensor's output and its shape.
-pub(crate) type Output = (Box<dyn Any + Send>, Vec<u64>);
-
-/// What enqueueing a response left: its outputs, and the [`Work`] of the
-/// last call when nothing was enqueued after it (it then completes with
-/// the whole response).
-pub(crate) struct Enqueued {
-    pub outputs: Outputs,
-    pub last: Option<Work>,
-}
 
 /// The element count of tensor `index` of `response`.
 fn size_of(response: &Response, index: usize) -> usize {

@@ -9,19 +9,35 @@
 //! enqueued call (or a flush) completes every tensor's handle and releases
 //! the caller's memory once the GPU is done.
 
-use super::collectives::Enqueued;
 use super::ready::ReadyEvent;
 use super::tensor::{DeviceArgs, DeviceDone};
-use crate::device::{DeviceEntry, DevicePlane};
+use crate::engine::completion::{Part as Submitted, Payload};
+use crate::engine::placement::{DeviceEntry, DevicePlane};
+use crate::engine::submission::Input;
 use crate::error::Error;
-use crate::handle::{Part as Submitted, Payload};
-use crate::table::Input;
 use cudarc::driver::CudaStream;
-use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError};
+use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Work};
 use kolo_protocol::{RequestKind, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Topology};
+use std::any::Any;
 use std::sync::Arc;
+
+/// What a response leaves per tensor: an output the engine allocated
+/// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`](super::tensor::DeviceReceived)) with its
+/// shape, or nothing (in-place results).
+pub(crate) type Outputs = Vec<Option<Output>>;
+
+/// One tensor's output and its shape.
+pub(crate) type Output = (Box<dyn Any + Send>, Vec<u64>);
+
+/// What enqueueing a response left: its outputs, and the [`Work`] of the
+/// last call when nothing was enqueued after it (it then completes with
+/// the whole response).
+pub(crate) struct Enqueued {
+    pub outputs: Outputs,
+    pub last: Option<Work>,
+}
 
 /// Timeline activity of the NCCL allreduce (Horovod's name).
 pub const NCCL_ALLREDUCE: &str = "NCCL_ALLREDUCE";

@@ -11,14 +11,14 @@
 use super::tensor::{
     DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, ReadyEvents,
 };
-use crate::engine::Kolo;
+use crate::engine::submission::Input;
+use crate::engine::submission::Submission;
 use crate::error::Error;
-use crate::group::Group;
 use crate::handle::Handle;
-use crate::lease::ScopeCore;
+use crate::kolo::Kolo;
 use crate::ops::ReduceOptions;
+use crate::scope::ScopeCore;
 use crate::split::split_rows;
-use crate::table::Input;
 use crate::tensor::shape_problem;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
 use kolo_nccl::{DeviceElement, Untracked};
@@ -329,7 +329,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             }),
             None => Err(Error::InvalidArgument {
                 tensor: name.to_owned(),
-                reason: crate::device::NO_GPU_ENGINE.into(),
+                reason: crate::engine::placement::NO_GPU_ENGINE.into(),
             }),
         }
     }
@@ -425,7 +425,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 "the tensors of one submission differ in more than shape",
             ));
         }
-        let mut group = Group::new(template, items.len(), true, None);
+        let mut group = Submission::new(template, items.len(), true, None);
         for (mut item, name) in items.into_iter().zip(&names) {
             for stream in &item.streams {
                 let event = ready.on(stream).map_err(|e| Error::Collective {

@@ -2,9 +2,9 @@
 
 use super::plane::NcclPlane;
 use crate::config::Config;
-use crate::device::DevicePlane;
-use crate::engine::Kolo;
+use crate::engine::placement::DevicePlane;
 use crate::error::Error;
+use crate::kolo::Kolo;
 use crate::threads::run_ranks;
 use kolo_nccl::{Mode, NcclComm, NcclOptions};
 use kolo_threads::ThreadComm;

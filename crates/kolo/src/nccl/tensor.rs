@@ -5,7 +5,7 @@
 //! scope when the engine is done with the memory).
 
 use super::ready::ReadyEvent;
-use crate::lease::Lease;
+use crate::engine::lease::Lease;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
 use std::any::Any;

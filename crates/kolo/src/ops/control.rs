@@ -1,9 +1,9 @@
 //! Barrier and join.
 
-use crate::engine::Kolo;
+use crate::engine::submission::Input;
 use crate::error::Error;
 use crate::handle::Handle;
-use crate::table::Input;
+use crate::kolo::Kolo;
 use kolo_protocol::{DataType, RequestKind};
 
 impl Kolo {

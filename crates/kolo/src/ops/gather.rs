@@ -1,10 +1,10 @@
 //! Allgather, broadcast and alltoall.
 
 use super::{check, output, write_back};
-use crate::engine::Kolo;
+use crate::engine::submission::Input;
 use crate::error::Error;
 use crate::handle::Handle;
-use crate::table::Input;
+use crate::kolo::Kolo;
 use crate::tensor::{shape_problem, Tensor, TensorMut};
 use kolo_protocol::{Params, RequestKind};
 use kolo_transport::Element;

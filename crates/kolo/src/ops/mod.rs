@@ -14,8 +14,8 @@ mod control;
 mod gather;
 mod reduce;
 
+use crate::engine::completion::Payload;
 use crate::error::Error;
-use crate::handle::Payload;
 use kolo_protocol::ReduceOp;
 
 pub use gather::Received;

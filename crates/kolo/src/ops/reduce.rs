@@ -1,12 +1,13 @@
 //! Allreduce (single, owned, grouped) and reduce-scatter.
 
 use super::{check, output, write_back, ReduceOptions};
-use crate::engine::Kolo;
+use crate::engine::submission::Input;
+use crate::engine::submission::Submission;
 use crate::error::Error;
-use crate::group::{Group, TensorGroup};
+use crate::group::TensorGroup;
 use crate::handle::Handle;
+use crate::kolo::Kolo;
 use crate::split::split_rows;
-use crate::table::Input;
 use crate::tensor::{shape_problem, wire_shape, Dims, Tensor, TensorMut};
 use kolo_protocol::{DataType, Params, RequestKind};
 use kolo_transport::Element;
@@ -139,7 +140,7 @@ impl Kolo {
             check(name, shape_problem(&shape, data.len()))?;
             checked.push((name, data, shape));
         }
-        let group = Group::new(template, checked.len(), false, None);
+        let group = Submission::new(template, checked.len(), false, None);
         let names: Vec<&'n str> = checked.iter().map(|(name, ..)| *name).collect();
         let tensors = checked
             .into_iter()
@@ -167,7 +168,7 @@ impl Kolo {
         group.each_buffer(tensors.into_iter().map(Into::into), |data, shape| {
             checked.push((data, Dims::from_slice(shape)))
         })?;
-        let submission = Group::known(template, group, None);
+        let submission = Submission::known(template, group.list(), None);
         self.submit_staged(submission, None, checked)
     }
 
@@ -177,7 +178,7 @@ impl Kolo {
     /// of the buffer into `tensors`.
     fn submit_staged<'t, 'n, T: Element>(
         &self,
-        mut group: Group<'n>,
+        mut group: Submission<'n>,
         names: Option<&[&'n str]>,
         tensors: Vec<(&'t mut [T], Dims)>,
     ) -> Result<Handle<'t, ()>, Error> {

@@ -1,13 +1,14 @@
 //! Allreduce and reduce-scatter, fused through kolo-fusion.
 
 use super::device_of;
-use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
-use crate::batches::Whole;
-use crate::device::PlaneSlot;
+use super::{observer, take_input, to_usize, ParamsOf, Performer};
+use crate::engine::batches::Whole;
+use crate::engine::completion::Payload;
+use crate::engine::placement::PlaneSlot;
+use crate::engine::submission::Input;
+use crate::engine::table::Entry;
 use crate::error::Error;
-use crate::handle::Payload;
 use crate::split::{row_elems, split_rows};
-use crate::table::{Entry, Input};
 use kolo_protocol::Response;
 use kolo_timeline::activity;
 use kolo_transport::{Backend, Element, Scale};
@@ -46,7 +47,7 @@ enum Buffer<T> {
     Owned(Vec<T>),
 }
 
-impl<B: Backend, D: PlaneSlot> Engine<B, D> {
+impl<B: Backend, D: PlaneSlot> Performer<B, D> {
     /// Allreduces the tensors of the responses `parts` (one fusion class)
     /// in place, as one collective. `names` are their names when the
     /// timeline records them (empty otherwise).

@@ -1,17 +1,17 @@
 //! Allgather (fused through kolo-fusion), broadcast and alltoall.
 
 use super::device_of;
-use crate::background::{observer, take_input, to_usize, Engine, ParamsOf};
-use crate::device::PlaneSlot;
+use super::{observer, take_input, to_usize, ParamsOf, Performer};
+use crate::engine::completion::Payload;
+use crate::engine::placement::PlaneSlot;
+use crate::engine::table::Entry;
 use crate::error::Error;
-use crate::handle::Payload;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems};
-use crate::table::Entry;
 use kolo_protocol::Response;
 use kolo_timeline::activity;
 use kolo_transport::{Backend, Element, TransportError};
 
-impl<B: Backend, D: PlaneSlot> Engine<B, D> {
+impl<B: Backend, D: PlaneSlot> Performer<B, D> {
     /// Allgathers the response's tensors, fused; each output is every
     /// rank's rows in rank order.
     pub(crate) fn allgather<T: Element>(

@@ -2,10 +2,7 @@
 //! engine's device scope) hands the engine tensors it borrowed, each with a
 //! [`Lease`], and does not end before every lease is back.
 
-use crate::engine::Kolo;
 use parking_lot::{Condvar, Mutex};
-use std::marker::PhantomData;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,50 +48,6 @@ impl Leases {
         while *out > 0 {
             self.returned.wait(&mut out);
         }
-    }
-}
-
-/// What every scope ([`crate::Scope`], the GPU engine's device scope)
-/// holds: the engine, the leases on the tensors lent in it, and its two
-/// lifetimes (invariant, like `std::thread::Scope`'s): `'scope`, for which
-/// tensors are lent, inside `'env`, for which the engine is borrowed.
-pub(crate) struct ScopeCore<'scope, 'env: 'scope> {
-    pub(crate) kolo: &'env Kolo,
-    pub(crate) leases: Arc<Leases>,
-    /// The scope of a blocking call, which waits for its submission at
-    /// once: its submissions do not wake the background thread (see
-    /// `Group::quietly`).
-    pub(crate) blocking: bool,
-    _scope: PhantomData<&'scope mut &'scope ()>,
-    _env: PhantomData<&'env mut &'env ()>,
-}
-
-impl<'env> ScopeCore<'_, 'env> {
-    /// A scope on `kolo` with no tensor lent yet.
-    pub(crate) fn new(kolo: &'env Kolo) -> Self {
-        ScopeCore {
-            kolo,
-            leases: Arc::new(Leases::default()),
-            blocking: false,
-            _scope: PhantomData,
-            _env: PhantomData,
-        }
-    }
-
-    /// Runs `body` (the caller's closure on the scope), then waits until
-    /// the engine returned every lease of `leases` — also when `body`
-    /// panicked, whose panic is resumed after that.
-    pub(crate) fn run<R>(leases: Arc<Leases>, body: impl FnOnce() -> R) -> R {
-        let outcome = catch_unwind(AssertUnwindSafe(body));
-        leases.wait_all();
-        outcome.unwrap_or_else(|panic| resume_unwind(panic))
-    }
-
-    /// The `Debug` output of a scope type called `name`.
-    pub(crate) fn debug(&self, name: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct(name)
-            .field("rank", &self.kolo.rank())
-            .finish()
     }
 }
 

@@ -8,8 +8,8 @@
 //! no CUDA: an engine without a plane fails device responses with an
 //! error, and the placement is a pure function of the response.
 
-use crate::handle::Part;
-use crate::table::Input;
+use crate::engine::completion::Part;
+use crate::engine::submission::Input;
 use kolo_protocol::{Device, Params, RequestKind, Response};
 use kolo_timeline::Timeline;
 
@@ -96,7 +96,7 @@ pub(crate) trait DevicePlane {
 /// Where an engine keeps its GPU data plane, if it may have one. A host
 /// engine's is [`NoPlane`], which leaves the engine `Send` (with a `Send`
 /// backend), so that a caller's thread may run its cycles (see
-/// `crate::progress`); a GPU engine's plane stays on the engine's thread.
+/// `crate::engine::progress`); a GPU engine's plane stays on the engine's thread.
 pub(crate) trait PlaneSlot {
     /// The plane, if there is one.
     fn plane(&mut self) -> Option<&mut dyn DevicePlane>;

@@ -20,11 +20,12 @@
 //! step). Whether a name is still in flight is read from its last
 //! submission's completion.
 
+use crate::engine::completion::Completion;
+use crate::engine::names::TensorNames;
+use crate::engine::progress::Progress;
+use crate::engine::submission::{Input, Inputs, Names, Shapes, Submission};
 use crate::error::Error;
-use crate::group::{Group, Inputs, Names, Shapes};
-use crate::handle::{Completion, Payload, TensorNames};
-use crate::progress::Progress;
-use kolo_coordinator::{Submission, TensorId};
+use kolo_coordinator::{Submission as Request, TensorId};
 use kolo_protocol::Params;
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Weak};
@@ -46,17 +47,6 @@ const MEMO_GROUPS: usize = 4;
 /// many cost nothing: a model's buckets).
 const KNOWN_GROUPS: usize = 256;
 
-/// What the engine gets of one tensor's input.
-pub(crate) enum Input {
-    /// Nothing (barrier, join).
-    None,
-    /// The engine's own copy (`Vec<T>` of the request's dtype), or a
-    /// device plane's arguments.
-    Owned(Payload),
-    /// The caller's memory, lent for a scope (see `crate::scope`).
-    Lent(crate::scope::Lent),
-}
-
 /// One tensor as the engine performs it.
 pub(crate) struct Entry {
     /// The tensor (its parameters are the coordinator's, see
@@ -65,7 +55,7 @@ pub(crate) struct Entry {
     /// The input.
     pub input: Input,
     /// Where the result goes.
-    pub part: crate::batches::PartRef,
+    pub part: crate::engine::batches::PartRef,
 }
 
 /// The requests of a queued submission.
@@ -87,11 +77,11 @@ pub(crate) struct Queued {
 
 impl Queued {
     /// The request of tensor `index`.
-    pub(crate) fn submission(&mut self, index: usize) -> Submission {
+    pub(crate) fn submission(&mut self, index: usize) -> Request {
         let id = self.ids[index];
         match &mut self.requests {
-            Requests::Repeat => Submission::repeat(id),
-            Requests::Each(each) => Submission {
+            Requests::Repeat => Request::repeat(id),
+            Requests::Each(each) => Request {
                 id,
                 params: each.get_mut(index).and_then(Option::take),
             },
@@ -167,11 +157,11 @@ pub(crate) struct Table {
     queue: Taken,
     /// A submission since the last take woke the background thread (or
     /// will): later ones need not. A quiet submission (see
-    /// [`Group::quietly`]) wakes nobody where its waiter can run the
+    /// [`Submission::quietly`]) wakes nobody where its waiter can run the
     /// cycles.
     woken: bool,
     /// How a handle's waiter runs the engine's cycles itself, on a host
-    /// engine (see [`crate::progress`]).
+    /// engine (see [`crate::engine::progress`]).
     progress: Option<Weak<dyn Progress>>,
     /// The last groups submitted with names given one by one.
     memos: Vec<Memo>,
@@ -223,7 +213,10 @@ impl Table {
     /// stopped or a name is in flight (or given twice). Queues the
     /// submission for the background thread; also returns whether the
     /// queue was empty, i.e. whether the thread needs waking.
-    pub(crate) fn insert(&mut self, group: Group<'_>) -> Result<(Arc<Completion>, bool), Error> {
+    pub(crate) fn insert(
+        &mut self,
+        group: Submission<'_>,
+    ) -> Result<(Arc<Completion>, bool), Error> {
         if let Some(reason) = &self.closed {
             return Err(reason.clone());
         }
@@ -244,7 +237,7 @@ impl Table {
             Some(at) => self.insert_remembered(at, &group, seq)?,
             None => self.insert_new(&group, seq)?,
         };
-        let Group {
+        let Submission {
             template,
             shapes,
             inputs,
@@ -335,7 +328,7 @@ impl Table {
     fn insert_remembered(
         &mut self,
         at: usize,
-        group: &Group<'_>,
+        group: &Submission<'_>,
         seq: u64,
     ) -> Result<Checked, Error> {
         let known = matches!(group.names, Names::Known(_));
@@ -396,7 +389,7 @@ impl Table {
     }
 
     /// Interns and checks the names of a group not remembered.
-    fn insert_new(&mut self, group: &Group<'_>, seq: u64) -> Result<Checked, Error> {
+    fn insert_new(&mut self, group: &Submission<'_>, seq: u64) -> Result<Checked, Error> {
         let mut ids = Vec::with_capacity(group.len());
         for index in 0..group.names.len() {
             let name = group.names.get(index);
@@ -468,7 +461,7 @@ impl Table {
     }
 
     /// Lets handles of later submissions run the engine's cycles while
-    /// they wait (see [`crate::progress`]).
+    /// they wait (see [`crate::engine::progress`]).
     pub(crate) fn set_progress(&mut self, progress: Weak<dyn Progress>) {
         self.progress = Some(progress);
     }
@@ -543,12 +536,20 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::group::TensorGroup;
     use kolo_protocol::{DataType, RequestKind};
     use std::collections::HashMap;
 
     fn template() -> Params {
         Params::new(RequestKind::Allreduce, DataType::F32, [])
+    }
+
+    /// The names of a tensor group (what a `crate::TensorGroup` holds).
+    fn group_of(names: &[String]) -> Arc<TensorNames> {
+        let mut list = TensorNames::with_capacity(names.len());
+        for name in names {
+            list.push(name);
+        }
+        Arc::new(list)
     }
 
     /// The table and, standing in for the background thread, the
@@ -570,13 +571,13 @@ mod tests {
             self.insert_as(names, len, false)
         }
 
-        /// Submits `names` as a blocking call does (see `Group::quietly`).
+        /// Submits `names` as a blocking call does (see `Submission::quietly`).
         fn insert_quiet(&mut self, names: &[&str]) -> Result<bool, Error> {
             self.insert_as(names, 1, true)
         }
 
         fn insert_as(&mut self, names: &[&str], len: u64, quiet: bool) -> Result<bool, Error> {
-            let mut group = Group::new(template(), names.len(), false, None);
+            let mut group = Submission::new(template(), names.len(), false, None);
             for name in names {
                 group.push(name, &[len], Input::None);
             }
@@ -586,8 +587,8 @@ mod tests {
         }
 
         /// Submits the tensors of `group` (each of shape [1]).
-        fn insert_group(&mut self, group: &TensorGroup) -> Result<bool, Error> {
-            let mut submission = Group::known(template(), group, None);
+        fn insert_group(&mut self, group: &Arc<TensorNames>) -> Result<bool, Error> {
+            let mut submission = Submission::known(template(), group, None);
             // The table records the segments and never reads them; they
             // stay valid for the world's life all the same.
             for _ in 0..group.len() {
@@ -597,7 +598,7 @@ mod tests {
         }
 
         /// Takes the queue as the background thread does.
-        fn take(&mut self) -> (Vec<Submission>, Vec<(TensorId, Arc<str>)>) {
+        fn take(&mut self) -> (Vec<Request>, Vec<(TensorId, Arc<str>)>) {
             let taken = self.table.take_queued();
             let mut submissions = Vec::new();
             for mut q in taken.submissions {
@@ -616,7 +617,10 @@ mod tests {
             self.take();
             let held = self.table.id(name).and_then(|id| self.taken.remove(&id));
             held.is_some_and(|(completion, index)| {
-                completion.complete_parts([(index, Ok(Box::new(()) as Payload))]);
+                completion.complete_parts([(
+                    index,
+                    Ok(Box::new(()) as crate::engine::completion::Payload),
+                )]);
                 true
             })
         }
@@ -748,7 +752,7 @@ mod tests {
         assert!(w.complete(refs[3]));
         w.insert(&refs).unwrap();
         let (again, named) = w.take();
-        let ids = |s: &[Submission]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+        let ids = |s: &[Request]| s.iter().map(|s| s.id).collect::<Vec<_>>();
         assert_eq!(ids(&again), ids(&first));
         assert!(named.is_empty());
     }
@@ -756,10 +760,10 @@ mod tests {
     #[test]
     fn tensor_groups_are_found_by_address_and_many_are_remembered() {
         let mut w = World::default();
-        let groups: Vec<(Vec<String>, TensorGroup)> = (0..2 * MEMO_GROUPS + 2)
+        let groups: Vec<(Vec<String>, Arc<TensorNames>)> = (0..2 * MEMO_GROUPS + 2)
             .map(|g| {
                 let names: Vec<String> = (0..3).map(|i| format!("g{g}/t{i}")).collect();
-                let group = TensorGroup::new(&names).unwrap();
+                let group = group_of(&names);
                 (names, group)
             })
             .collect();
@@ -795,7 +799,7 @@ mod tests {
         let mut w = World::default();
         let names: Vec<String> = (0..MEMO_MIN_TENSORS).map(|i| format!("n{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let group = TensorGroup::new(&names).unwrap();
+        let group = group_of(&names);
         w.insert(&refs).unwrap();
         let (first, _) = w.take();
         for name in &refs {
@@ -803,7 +807,7 @@ mod tests {
         }
         w.insert_group(&group).unwrap();
         let (grouped, named) = w.take();
-        let ids = |s: &[Submission]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+        let ids = |s: &[Request]| s.iter().map(|s| s.id).collect::<Vec<_>>();
         assert_eq!(ids(&grouped), ids(&first));
         assert!(named.is_empty());
         assert_eq!(

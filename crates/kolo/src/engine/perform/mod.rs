@@ -1,112 +1,43 @@
-//! The background thread of a rank: runs the coordinator's cycle around
-//! the backend, and performs the agreed responses in order.
+//! Performing agreed responses on the backend, one dtype at a time
+//! (`T` is chosen by the background thread's dtype dispatch).
 //!
-//! It sleeps on the command channel: a submission wakes it at once (a busy
-//! rank cycles right away), and an idle rank cycles anyway after the cycle
-//! time, so that peers' collectives complete and the stall inspector runs.
-//! The state it cycles ([`Core`]) sits behind a lock: on a host engine a
-//! caller waiting for its own results may run the cycles instead (see
-//! [`crate::progress`]), and the thread then only waits.
+//! Every rank calls the same collective with the same sizes whether or not
+//! it submitted the tensor: a rank that joined contributes the reduce op's
+//! identity (allreduce, reduce-scatter), zero rows (allgather, alltoall) or
+//! a placeholder to receive into (broadcast), and its result is dropped.
 
-use crate::batches::{Batches, PartRef, Whole};
-use crate::config::Config;
-use crate::device::PlaneSlot;
-use crate::engine::Shared;
+mod device;
+mod gather;
+mod reduce;
+
+use crate::engine::batches::{Batches, PartRef, Whole};
+use crate::engine::completion::Payload;
+use crate::engine::placement::PlaneSlot;
+use crate::engine::shared::Shared;
+use crate::engine::submission::Input;
+use crate::engine::table::{Entry, Requests, Taken};
 use crate::error::Error;
-use crate::handle::Payload;
-use crate::panic_text::panic_text;
-use crate::table::{Entry, Input, Requests, Taken};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use kolo_coordinator::{
-    Agreed, Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Hit, Intake,
-    NegotiationEvent, TensorId,
-};
+use kolo_coordinator::{Agreed, Coordinator, CycleOutput, Hit, Intake, NegotiationEvent, TensorId};
 use kolo_fusion::{Edge, FusionBuffers, Phase};
-use kolo_protocol::{DataType, Params, RequestKind, Response, ResponseKind};
+use kolo_protocol::{DataType, Device, Params, RequestKind, Response, ResponseKind};
 use kolo_timeline::{activity, Timeline};
-use kolo_transport::{with_element_type, Backend, Element, TransportError};
-use parking_lot::Mutex;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use kolo_transport::{with_element_type, Backend, Element};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// How long the background thread polls for new work, yielding the CPU,
-/// before it sleeps on the channel, on a host with fewer cores than kolo
-/// has threads there (each rank's caller and its engine): a yield then
-/// hands the core to a caller that needs it, and polling longer measured
-/// 8% slower on 2 ranks of a 2-core machine.
-const SHORT_POLL: Duration = Duration::from_micros(50);
-
-/// [`SHORT_POLL`] on a host where every rank's caller and engine can each
-/// have a core: a caller's next step then finds its engine awake, instead
-/// of waking a thread asleep on an idle core (15-20 us a step on a 16-core
-/// host, measured). Bounded, so an idle engine still goes to sleep.
-const LONG_POLL: Duration = Duration::from_micros(500);
-
-/// The poll before sleeping for `local_ranks` ranks on a host of `cores`.
-fn poll_budget(local_ranks: usize, cores: usize) -> Duration {
-    if local_ranks.saturating_mul(2) <= cores {
-        LONG_POLL
-    } else {
-        SHORT_POLL
-    }
-}
-
-/// What user threads tell the background thread.
-pub(crate) enum Command {
-    /// New requests are queued in the tensor table (or a caller that ran
-    /// cycles left work behind).
-    Wake,
-    /// Ask every rank to shut down.
-    Shutdown,
-    /// Stop at once, as failed, with this message.
-    Abort(String),
-}
-
-/// Fails the backend when the rank aborts.
-type AbortHook<B> = Box<dyn FnOnce(&mut B, &str) + Send>;
-
-/// One rank's engine state: the coordinator and the engine that performs
-/// what it agreed. One thread at a time runs its cycles: the background
-/// thread, or a caller waiting for its own results (see
-/// [`crate::progress`]), whichever holds the lock around it.
-pub(crate) struct Core<B, D> {
-    coordinator: Coordinator,
-    engine: Engine<B, D>,
-    shutdown_requested: bool,
-    /// Why the engine stopped, once it has (its teardown is done).
-    stopped: Option<Error>,
-    /// When the last cycle started: an idle rank cycles once per cycle
-    /// time, whichever thread ran the cycles before.
-    last_cycle: Instant,
-    /// Every rank's engine started (see [`crate::engine::agree_start`]),
-    /// agreed before the first cycle, by whichever thread runs it.
-    agreed: bool,
-}
-
-/// A [`Core`] with the background thread's channel: what a caller's
-/// thread that runs cycles shares with the background thread.
-pub(crate) struct Shareable<B, D> {
-    pub(crate) core: Mutex<Core<B, D>>,
-    /// Wakes the background thread when a caller leaves work behind.
-    pub(crate) wake: Sender<Command>,
-}
-
-/// One rank's background thread: waits for work and runs the cycles of
-/// its [`Core`] while no caller does.
-pub(crate) struct Background<B, D> {
-    shared: Arc<Shareable<B, D>>,
-    cycle_time: Duration,
-    /// How long to poll for work before sleeping ([`poll_budget`]).
-    poll: Duration,
-    commands: Receiver<Command>,
-    abort: Option<AbortHook<B>>,
+/// The device of this rank's tensors in a response (CPU for a rank that
+/// submitted none of them).
+fn device_of(slots: &[Option<Entry>], params: ParamsOf<'_>) -> Device {
+    slots
+        .iter()
+        .flatten()
+        .find_map(|e| params.of(e).map(|p| p.device))
+        .unwrap_or(Device::Cpu)
 }
 
 /// What performs the agreed responses: the backend, the fusion buffers,
 /// the timeline, and the tensors taken from the table (this thread's side
 /// of it).
-pub(crate) struct Engine<B, D> {
+pub(crate) struct Performer<B, D> {
     pub(crate) backend: B,
     pub(crate) rank: usize,
     pub(crate) size: usize,
@@ -119,7 +50,7 @@ pub(crate) struct Engine<B, D> {
     /// Where each tensor taken from the table's queue and not performed
     /// yet is: its submission and part, by id (the inputs are with the
     /// submissions).
-    held: Vec<Option<PartRef>>,
+    pub(super) held: Vec<Option<PartRef>>,
     /// Their submissions.
     pub(crate) batches: Batches,
     /// The last cycle's fusion plan, for a cycle that repeats it.
@@ -172,350 +103,35 @@ struct PlanMemo {
     whole: Option<Arc<[TensorId]>>,
 }
 
-/// Closes the table with `reason` and fails every submission still queued.
-pub(crate) fn fail_all(shared: &Shared, reason: Error) {
-    let queued = shared.table.lock().close(reason.clone());
-    for completion in queued {
-        completion.fail_open(|_| reason.clone());
-    }
-}
-
-impl<B: Backend, D: PlaneSlot> Core<B, D> {
-    /// A rank's engine state on `backend`, with the device plane `device`.
+impl<B: Backend, D: PlaneSlot> Performer<B, D> {
+    /// The performer of a rank's engine on `backend`, fusing up to
+    /// `fusion_threshold` bytes, with the device plane `device`.
     pub(crate) fn new(
         backend: B,
-        config: &Config,
+        fusion_threshold: usize,
         timeline: Timeline,
         shared: Arc<Shared>,
         device: D,
     ) -> Self {
         let (rank, size) = (backend.rank(), backend.size());
-        Core {
-            coordinator: Coordinator::new(rank, size, config.coordinator()),
-            engine: Engine {
-                backend,
-                rank,
-                size,
-                fusion_threshold: config.fusion_threshold,
-                buffers: FusionBuffers::new(),
-                timeline,
-                shared,
-                device,
-                held: Vec::new(),
-                batches: Batches::default(),
-                plan: PlanMemo::default(),
-            },
-            shutdown_requested: false,
-            stopped: None,
-            last_cycle: Instant::now(),
-            agreed: false,
+        Performer {
+            backend,
+            rank,
+            size,
+            fusion_threshold,
+            buffers: FusionBuffers::new(),
+            timeline,
+            shared,
+            device,
+            held: Vec::new(),
+            batches: Batches::default(),
+            plan: PlanMemo::default(),
         }
     }
 
-    /// This rank.
-    pub(crate) fn rank(&self) -> usize {
-        self.engine.rank
-    }
-
-    /// True once the engine stopped.
-    pub(crate) fn is_stopped(&self) -> bool {
-        self.stopped.is_some()
-    }
-
-    /// True while a cycle has something to do: a shutdown to agree on,
-    /// submissions queued in the table, or requests the ranks have not all
-    /// agreed to yet.
-    pub(crate) fn has_work(&self) -> bool {
-        self.shutdown_requested
-            || self.coordinator.pending() > 0
-            || self.engine.shared.table.lock().has_queued()
-    }
-
-    /// True once an idle rank is due to cycle (see [`Core::last_cycle`]).
-    fn idle_cycle_due(&self, cycle_time: Duration) -> bool {
-        self.last_cycle.elapsed() >= cycle_time
-    }
-
-    /// Runs one cycle: takes the queued submissions, negotiates, and
-    /// performs what the ranks agreed. `Err` says why the engine stops
-    /// (shut down, or failed); stopping is then up to the caller
-    /// ([`Core::stop`]).
-    pub(crate) fn step(&mut self) -> Result<(), Error> {
-        if !self.agreed {
-            crate::engine::agree_start(&mut self.engine.backend, None)?;
-            self.agreed = true;
-        }
-        self.last_cycle = Instant::now();
-        let requests = self.take_queued()?;
-        let busy = !requests.is_empty();
-        let cycle = match self.coordinator.cycle_deferring(
-            &mut self.engine.backend,
-            requests,
-            self.shutdown_requested,
-            Instant::now(),
-        ) {
-            Ok(cycle) => cycle,
-            Err(CoordinatorError::Transport(e)) => return Err(Error::from_transport(e)),
-            Err(e @ CoordinatorError::CacheCapacityMismatch { capacity, .. }) => {
-                return Err(Error::Config {
-                    variable: "KOLO_CACHE_CAPACITY".into(),
-                    value: capacity.to_string(),
-                    reason: e.to_string(),
-                })
-            }
-            Err(other) => {
-                return Err(Error::Transport(kolo_transport::TransportError::Backend(
-                    other.to_string(),
-                )))
-            }
-        };
-        let output = match cycle {
-            Cycle::Done(output) => self.perform_cycle(output, busy),
-            Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
-        };
-        if output.shutdown {
-            return Err(Error::ShutDown {
-                by_ranks: output.shutdown_ranks,
-            });
-        }
-        Ok(())
-    }
-
-    /// Counts a cycle that a caller's thread ran.
-    pub(crate) fn count_caller_cycle(&self) {
-        self.engine.shared.stats.lock().caller_cycles += 1;
-    }
-
-    /// Stops the engine for `reason`: closes the table (nothing new
-    /// reaches the engine after it), fails every pending handle with the
-    /// reason and flushes the timeline. Idempotent.
-    pub(crate) fn stop(&mut self, reason: Error) {
-        if self.stopped.is_some() {
-            return;
-        }
-        let rank = self.engine.rank;
-        tracing::debug!(rank, %reason, "kolo engine stopped");
-        fail_all(&self.engine.shared, reason.clone());
-        self.engine.held.clear();
-        self.engine.batches.fail_all(&reason);
-        if let Err(e) = self.engine.timeline.flush() {
-            tracing::warn!(rank, error = %e, "the timeline could not be written");
-        }
-        self.stopped = Some(reason);
-    }
-
-    /// Ends a cycle of cache hits only. A step that repeats the last one
-    /// performed whole ([`Engine::perform_repeat`]) completes before the
-    /// coordinator settles its books: the user's next step starts while
-    /// this thread finishes the cycle. Otherwise the cycle ends first and
-    /// its hits are performed as any cycle's.
-    fn repeat_or_perform(&mut self, agreement: Agreement, busy: bool) -> CycleOutput {
-        match self
-            .engine
-            .perform_repeat(&self.coordinator, agreement.slots())
-        {
-            Some(ids) => {
-                let output = self.coordinator.finish_cycle(agreement);
-                self.engine.repeated(&self.coordinator, &ids);
-                output
-            }
-            None => {
-                let output = self.coordinator.finish_cycle(agreement);
-                self.perform_cycle(output, busy)
-            }
-        }
-    }
-
-    /// Counts a whole cycle and performs its responses and hits.
-    fn perform_cycle(&mut self, output: CycleOutput, busy: bool) -> CycleOutput {
-        self.engine.record_cycle(&output, busy);
-        self.engine
-            .perform_all(&self.coordinator, &output.responses, &output.hits);
-        output
-    }
-
-    /// Takes the submissions queued in the tensor table: registers their
-    /// new names with the coordinator, holds them, and returns their
-    /// requests; ids no longer used are reclaimed.
-    fn take_queued(&mut self) -> Result<Intake, Error> {
-        let shared = Arc::clone(&self.engine.shared);
-        let mut table = shared.table.lock();
-        let taken = table.take_queued();
-        for (id, name) in &taken.named {
-            self.coordinator.register(*id, name).map_err(|e| {
-                Error::Transport(TransportError::Backend(format!(
-                    "internal: the tensor table's ids disagree with the coordinator's: {e}"
-                )))
-            })?;
-        }
-        let requests = self.engine.hold(taken);
-        let (held, coordinator) = (&self.engine.held, &mut self.coordinator);
-        table.reclaim(|id| {
-            held.get(id.index()).is_none_or(Option::is_none) && coordinator.forget(id)
-        });
-        Ok(requests)
-    }
-}
-
-impl<B: Backend, D: PlaneSlot> Background<B, D> {
-    /// The background thread of `core`, woken through `commands` (whose
-    /// sender `wake` also goes to callers that run cycles).
-    pub(crate) fn new(
-        core: Core<B, D>,
-        config: &Config,
-        commands: Receiver<Command>,
-        wake: Sender<Command>,
-        abort: impl FnOnce(&mut B, &str) + Send + 'static,
-    ) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let poll = poll_budget(core.engine.backend.local_size(), cores);
-        Background {
-            shared: Arc::new(Shareable {
-                core: Mutex::new(core),
-                wake,
-            }),
-            cycle_time: config.cycle_time,
-            poll,
-            commands,
-            abort: Some(Box::new(abort)),
-        }
-    }
-
-    /// The state this thread shares with callers that run cycles.
-    pub(crate) fn shareable(&self) -> &Arc<Shareable<B, D>> {
-        &self.shared
-    }
-
-    /// Serves until shutdown, abort or failure, then stops the engine
-    /// (failing whatever is still pending) with the reason.
-    /// (A panic here is caught by the thread's start, in `crate::engine`,
-    /// which fails every handle with its message.)
-    pub(crate) fn run(mut self) {
-        let reason = self.serve();
-        self.shared.core.lock().stop(reason);
-    }
-
-    /// The cycle loop; returns why it stopped.
-    ///
-    /// It waits for a command, or for the cycle time, without the lock;
-    /// then runs a cycle if the core is free and there is work to do, a
-    /// shutdown to agree on, or an idle cycle due. A caller that holds the
-    /// core runs the cycles itself, and wakes this thread if it leaves
-    /// work behind.
-    fn serve(&mut self) -> Error {
-        loop {
-            let wait = match self.shared.core.try_lock() {
-                Some(core) if core.has_work() => Duration::ZERO,
-                Some(core) => self.cycle_time.saturating_sub(core.last_cycle.elapsed()),
-                None => self.cycle_time,
-            };
-            let (shutdown, abort) = self.collect(wait);
-            let mut core = if shutdown || abort.is_some() {
-                self.shared.core.lock()
-            } else {
-                match self.shared.core.try_lock() {
-                    Some(core) => core,
-                    None => continue,
-                }
-            };
-            if let Some(reason) = &core.stopped {
-                return reason.clone();
-            }
-            if let Some(message) = abort {
-                if let Some(hook) = self.abort.take() {
-                    hook(&mut core.engine.backend, &message);
-                }
-                return Error::RankFailed {
-                    rank: core.engine.rank,
-                    message,
-                };
-            }
-            core.shutdown_requested |= shutdown;
-            if !(core.has_work() || core.idle_cycle_due(self.cycle_time)) {
-                continue;
-            }
-            match catch_unwind(AssertUnwindSafe(|| core.step())) {
-                Ok(Ok(())) => {}
-                Ok(Err(reason)) => return reason,
-                Err(panic) => {
-                    // Every handle learns why, before the thread unwinds.
-                    let rank = core.rank();
-                    core.stop(Error::RankFailed {
-                        rank,
-                        message: format!(
-                            "kolo's background thread panicked: {}",
-                            panic_text(panic.as_ref())
-                        ),
-                    });
-                    drop(core);
-                    resume_unwind(panic);
-                }
-            }
-        }
-    }
-
-    /// Takes the commands waiting, blocking up to `wait` for the first one
-    /// when there are none: whether a shutdown was asked, and an abort
-    /// message.
-    ///
-    /// While this rank has requests the other ranks have not all agreed to
-    /// yet, `wait` is zero: its peers' submissions wake *their* engines,
-    /// not this one, and a peer whose next cycle waits in the coordinator's
-    /// collective for this rank would otherwise wait out this rank's cycle
-    /// time (up to 1 ms per step). The next cycle's collective itself waits
-    /// for the peers (spinning briefly, then yielding, then sleeping).
-    fn collect(&mut self, wait: Duration) -> (bool, Option<String>) {
-        let mut shutdown = false;
-        let first = if let Some(command) = self.poll_commands(wait) {
-            Some(command)
-        } else {
-            match self.commands.recv_timeout(wait.saturating_sub(self.poll)) {
-                Ok(command) => Some(command),
-                Err(RecvTimeoutError::Timeout) => None,
-                // `Kolo` is gone without a shutdown request: treat it as one.
-                Err(RecvTimeoutError::Disconnected) => {
-                    shutdown = true;
-                    None
-                }
-            }
-        };
-        let mut abort = None;
-        for command in first.into_iter().chain(self.commands.try_iter()) {
-            match command {
-                Command::Wake => {}
-                Command::Shutdown => shutdown = true,
-                Command::Abort(message) => abort = Some(message),
-            }
-        }
-        (shutdown, abort)
-    }
-
-    /// Polls the channel, yielding the CPU, for up to the poll budget
-    /// (at most `wait`): a rank that submits its next tensor right after
-    /// the last completed (a training step's next gradient, a latency
-    /// loop) then reaches an engine that is still awake, instead of paying
-    /// a futex wake-up and a context switch.
-    fn poll_commands(&self, wait: Duration) -> Option<Command> {
-        let budget = wait.min(self.poll);
-        let start = Instant::now();
-        loop {
-            match self.commands.try_recv() {
-                Ok(command) => return Some(command),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-                Err(crossbeam_channel::TryRecvError::Empty) => {}
-            }
-            if start.elapsed() >= budget {
-                return None;
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
-impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// Holds the submissions taken from the table and returns their
     /// requests, in order.
-    fn hold(&mut self, taken: Taken) -> Intake {
+    pub(super) fn hold(&mut self, taken: Taken) -> Intake {
         // A repeated group alone (a training step that repeats the last)
         // goes to the coordinator as one.
         let group = match taken.submissions.as_slice() {
@@ -552,7 +168,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     }
 
     /// Counts the cycle and writes its negotiation to the timeline.
-    fn record_cycle(&self, output: &CycleOutput, busy: bool) {
+    pub(super) fn record_cycle(&self, output: &CycleOutput, busy: bool) {
         self.shared
             .stats
             .lock()
@@ -584,7 +200,12 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// [`kolo_fusion::plan_groups`]). On the timeline every tensor's
     /// operation opens when the cycle's responses arrive and waits in
     /// `QUEUE` until its response runs.
-    fn perform_all(&mut self, coordinator: &Coordinator, decided: &[Agreed], hits: &[Hit]) {
+    pub(super) fn perform_all(
+        &mut self,
+        coordinator: &Coordinator,
+        decided: &[Agreed],
+        hits: &[Hit],
+    ) {
         let cache = coordinator.cache();
         let mut work: Vec<Work<'_>> = Vec::with_capacity(decided.len() + hits.len());
         work.extend(decided.iter().map(|a| Work {
@@ -639,13 +260,13 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
     /// coordinator settles it, if it repeats the last cycle's plan of one
     /// allreduce over one whole submission (see [`PlanMemo`]) and that
     /// submission is held whole again; returns its ids, whose hold
-    /// [`Engine::repeated`] clears once the cycle is settled. `None` (the
+    /// [`Performer::repeated`] clears once the cycle is settled. `None` (the
     /// cycle is not such a repeat) performs nothing.
     ///
     /// Every rank's agreement names the same slots; whether a rank takes
     /// this path is its own business: the collective is the one
-    /// [`Engine::perform_all`] runs for the same group.
-    fn perform_repeat(
+    /// [`Performer::perform_all`] runs for the same group.
+    pub(super) fn perform_repeat(
         &mut self,
         coordinator: &Coordinator,
         slots: &[usize],
@@ -664,7 +285,9 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
             return None;
         }
         let head = cache.response(*slots.first()?)?;
-        if head.kind != ResponseKind::Op(RequestKind::Allreduce) || crate::device::on_device(head) {
+        if head.kind != ResponseKind::Op(RequestKind::Allreduce)
+            || crate::engine::placement::on_device(head)
+        {
             return None;
         }
         let ids = Arc::clone(ids);
@@ -680,10 +303,10 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         Some(ids)
     }
 
-    /// After a cycle [`Engine::perform_repeat`] performed and the
+    /// After a cycle [`Performer::perform_repeat`] performed and the
     /// coordinator settled: the group's tensors leave the hold, and the
     /// plan stays memoized against the cache as it now is.
-    fn repeated(&mut self, coordinator: &Coordinator, ids: &[TensorId]) {
+    pub(super) fn repeated(&mut self, coordinator: &Coordinator, ids: &[TensorId]) {
         for id in ids {
             if let Some(held) = self.held.get_mut(id.index()) {
                 *held = None;
@@ -768,7 +391,10 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         // A repeated group: one fused allreduce over one whole submission
         // of lent tensors, without reading the other responses.
         let fused_allreduce = head.kind == ResponseKind::Op(RequestKind::Allreduce);
-        if fused_allreduce && !self.timeline.is_enabled() && !crate::device::on_device(head) {
+        if fused_allreduce
+            && !self.timeline.is_enabled()
+            && !crate::engine::placement::on_device(head)
+        {
             if let Some(whole) = self.whole_submission(work, members) {
                 let ids = self.batches.ids(whole.key()).map(Arc::clone);
                 self.shared.stats.lock().record_operation(members.len());
@@ -798,7 +424,7 @@ impl<B: Backend, D: PlaneSlot> Engine<B, D> {
         }
         tracing::trace!(rank = self.rank, %kind, tensors = slots.len(), "performing");
         let params = ParamsOf(coordinator);
-        if crate::device::on_device(head) {
+        if crate::engine::placement::on_device(head) {
             let fused = kolo_fusion::fuse(&parts);
             self.perform_device(kind, &fused, slots, params);
             return None;
@@ -938,22 +564,4 @@ pub(crate) fn take_input<T: Element>(
 /// such a response cannot be performed on this machine anyway).
 pub(crate) fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_engine_polls_long_only_where_every_thread_has_a_core() {
-        // Each rank has two threads on its host: its caller and its engine.
-        assert_eq!(poll_budget(1, 2), LONG_POLL);
-        assert_eq!(poll_budget(2, 2), SHORT_POLL);
-        assert_eq!(poll_budget(2, 16), LONG_POLL);
-        assert_eq!(poll_budget(8, 16), LONG_POLL);
-        assert_eq!(poll_budget(9, 16), SHORT_POLL);
-        assert_eq!(poll_budget(1, 1), SHORT_POLL);
-        assert_eq!(poll_budget(usize::MAX, 16), SHORT_POLL);
-        assert!(SHORT_POLL < LONG_POLL);
-    }
 }

@@ -10,10 +10,10 @@
 //! dropped, so no handle — and no scope waiting for lent memory — is left
 //! waiting.
 
+use crate::engine::completion::{Completion, Part, Payload};
+use crate::engine::submission::Input;
+use crate::engine::submission::Inputs;
 use crate::error::Error;
-use crate::group::Inputs;
-use crate::handle::{Completion, Part, Payload};
-use crate::table::Input;
 use kolo_coordinator::TensorId;
 use std::sync::Arc;
 
@@ -284,7 +284,7 @@ impl Batches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handle::{Handle, TensorNames};
+    use crate::engine::names::TensorNames;
 
     fn submission(n: usize) -> Arc<Completion> {
         let mut names = TensorNames::with_capacity(n);
@@ -303,7 +303,10 @@ mod tests {
     }
 
     fn outcome(completion: &Arc<Completion>) -> Result<(), Error> {
-        Handle::new(Arc::clone(completion), |_| Ok(())).wait()
+        match completion.wait() {
+            Some(outcome) => outcome.map(drop).map_err(|failure| failure.error),
+            None => panic!("the submission's results were taken before"),
+        }
     }
 
     #[test]
@@ -332,7 +335,7 @@ mod tests {
     }
 
     fn lent(data: &mut [f32], parts: usize) -> Inputs {
-        let mut group = crate::group::Group::new(
+        let mut group = crate::engine::submission::Submission::new(
             kolo_protocol::Params::new(
                 kolo_protocol::RequestKind::Allreduce,
                 kolo_protocol::DataType::F32,

@@ -1,0 +1,226 @@
+//! One rank's engine state and its cycle: the coordinator's negotiation
+//! around the backend, and the performer that carries out what the ranks
+//! agreed (see [`crate::engine::perform`]). One thread at a time runs a
+//! cycle: the background thread ([`crate::engine::background`]) or a
+//! caller waiting for its own results ([`crate::engine::progress`]),
+//! whichever holds the lock around the [`Core`].
+
+use crate::config::Config;
+use crate::engine::perform::Performer;
+use crate::engine::placement::PlaneSlot;
+use crate::engine::shared::{fail_all, Shared};
+use crate::error::Error;
+use kolo_coordinator::{Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Intake};
+use kolo_timeline::Timeline;
+use kolo_transport::{Backend, TransportError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One rank's engine state: the coordinator and the engine that performs
+/// what it agreed. One thread at a time runs its cycles: the background
+/// thread, or a caller waiting for its own results (see
+/// [`crate::engine::progress`]), whichever holds the lock around it.
+pub(crate) struct Core<B, D> {
+    pub(super) coordinator: Coordinator,
+    pub(super) performer: Performer<B, D>,
+    pub(super) shutdown_requested: bool,
+    /// Why the engine stopped, once it has (its teardown is done).
+    pub(super) stopped: Option<Error>,
+    /// When the last cycle started: an idle rank cycles once per cycle
+    /// time, whichever thread ran the cycles before.
+    pub(super) last_cycle: Instant,
+    /// Every rank's engine started (see [`agree_start`]),
+    /// agreed before the first cycle, by whichever thread runs it.
+    agreed: bool,
+}
+
+/// The first exchange of every rank's engine, before any cycle: every
+/// rank learns whether every other started, so that a rank that cannot
+/// start (`failure`: why) fails every rank's engine, named, instead of
+/// leaving its peers to wait for it. `Ok` when all started.
+pub(crate) fn agree_start<B: Backend>(
+    backend: &mut B,
+    failure: Option<&Error>,
+) -> Result<(), Error> {
+    let mine = failure
+        .map(|e| e.to_string().into_bytes())
+        .unwrap_or_default();
+    let every = backend
+        .allgather_bytes(&mine)
+        .map_err(Error::from_transport)?;
+    match every.iter().position(|why| !why.is_empty()) {
+        Some(rank) => Err(Error::RankFailed {
+            rank,
+            message: format!(
+                "it could not start: {}",
+                String::from_utf8_lossy(&every[rank])
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+impl<B: Backend, D: PlaneSlot> Core<B, D> {
+    /// A rank's engine state on `backend`, with the device plane `device`.
+    pub(crate) fn new(
+        backend: B,
+        config: &Config,
+        timeline: Timeline,
+        shared: Arc<Shared>,
+        device: D,
+    ) -> Self {
+        let (rank, size) = (backend.rank(), backend.size());
+        Core {
+            coordinator: Coordinator::new(rank, size, config.coordinator()),
+            performer: Performer::new(backend, config.fusion_threshold, timeline, shared, device),
+            shutdown_requested: false,
+            stopped: None,
+            last_cycle: Instant::now(),
+            agreed: false,
+        }
+    }
+
+    /// This rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.performer.rank
+    }
+
+    /// True once the engine stopped.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// True while a cycle has something to do: a shutdown to agree on,
+    /// submissions queued in the table, or requests the ranks have not all
+    /// agreed to yet.
+    pub(crate) fn has_work(&self) -> bool {
+        self.shutdown_requested
+            || self.coordinator.pending() > 0
+            || self.performer.shared.table.lock().has_queued()
+    }
+
+    /// True once an idle rank is due to cycle (see [`Core::last_cycle`]).
+    pub(super) fn idle_cycle_due(&self, cycle_time: Duration) -> bool {
+        self.last_cycle.elapsed() >= cycle_time
+    }
+
+    /// Runs one cycle: takes the queued submissions, negotiates, and
+    /// performs what the ranks agreed. `Err` says why the engine stops
+    /// (shut down, or failed); stopping is then up to the caller
+    /// ([`Core::stop`]).
+    pub(crate) fn step(&mut self) -> Result<(), Error> {
+        if !self.agreed {
+            agree_start(&mut self.performer.backend, None)?;
+            self.agreed = true;
+        }
+        self.last_cycle = Instant::now();
+        let requests = self.take_queued()?;
+        let busy = !requests.is_empty();
+        let cycle = match self.coordinator.cycle_deferring(
+            &mut self.performer.backend,
+            requests,
+            self.shutdown_requested,
+            Instant::now(),
+        ) {
+            Ok(cycle) => cycle,
+            Err(CoordinatorError::Transport(e)) => return Err(Error::from_transport(e)),
+            Err(e @ CoordinatorError::CacheCapacityMismatch { capacity, .. }) => {
+                return Err(Error::Config {
+                    variable: "KOLO_CACHE_CAPACITY".into(),
+                    value: capacity.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+            Err(other) => {
+                return Err(Error::Transport(kolo_transport::TransportError::Backend(
+                    other.to_string(),
+                )))
+            }
+        };
+        let output = match cycle {
+            Cycle::Done(output) => self.perform_cycle(output, busy),
+            Cycle::Hits(agreement) => self.repeat_or_perform(agreement, busy),
+        };
+        if output.shutdown {
+            return Err(Error::ShutDown {
+                by_ranks: output.shutdown_ranks,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts a cycle that a caller's thread ran.
+    pub(crate) fn count_caller_cycle(&self) {
+        self.performer.shared.stats.lock().caller_cycles += 1;
+    }
+
+    /// Stops the engine for `reason`: closes the table (nothing new
+    /// reaches the engine after it), fails every pending handle with the
+    /// reason and flushes the timeline. Idempotent.
+    pub(crate) fn stop(&mut self, reason: Error) {
+        if self.stopped.is_some() {
+            return;
+        }
+        let rank = self.performer.rank;
+        tracing::debug!(rank, %reason, "kolo engine stopped");
+        fail_all(&self.performer.shared, reason.clone());
+        self.performer.held.clear();
+        self.performer.batches.fail_all(&reason);
+        if let Err(e) = self.performer.timeline.flush() {
+            tracing::warn!(rank, error = %e, "the timeline could not be written");
+        }
+        self.stopped = Some(reason);
+    }
+
+    /// Ends a cycle of cache hits only. A step that repeats the last one
+    /// performed whole ([`Performer::perform_repeat`]) completes before the
+    /// coordinator settles its books: the user's next step starts while
+    /// this thread finishes the cycle. Otherwise the cycle ends first and
+    /// its hits are performed as any cycle's.
+    fn repeat_or_perform(&mut self, agreement: Agreement, busy: bool) -> CycleOutput {
+        match self
+            .performer
+            .perform_repeat(&self.coordinator, agreement.slots())
+        {
+            Some(ids) => {
+                let output = self.coordinator.finish_cycle(agreement);
+                self.performer.repeated(&self.coordinator, &ids);
+                output
+            }
+            None => {
+                let output = self.coordinator.finish_cycle(agreement);
+                self.perform_cycle(output, busy)
+            }
+        }
+    }
+
+    /// Counts a whole cycle and performs its responses and hits.
+    fn perform_cycle(&mut self, output: CycleOutput, busy: bool) -> CycleOutput {
+        self.performer.record_cycle(&output, busy);
+        self.performer
+            .perform_all(&self.coordinator, &output.responses, &output.hits);
+        output
+    }
+
+    /// Takes the submissions queued in the tensor table: registers their
+    /// new names with the coordinator, holds them, and returns their
+    /// requests; ids no longer used are reclaimed.
+    fn take_queued(&mut self) -> Result<Intake, Error> {
+        let shared = Arc::clone(&self.performer.shared);
+        let mut table = shared.table.lock();
+        let taken = table.take_queued();
+        for (id, name) in &taken.named {
+            self.coordinator.register(*id, name).map_err(|e| {
+                Error::Transport(TransportError::Backend(format!(
+                    "internal: the tensor table's ids disagree with the coordinator's: {e}"
+                )))
+            })?;
+        }
+        let requests = self.performer.hold(taken);
+        let (held, coordinator) = (&self.performer.held, &mut self.coordinator);
+        table.reclaim(|id| {
+            held.get(id.index()).is_none_or(Option::is_none) && coordinator.forget(id)
+        });
+        Ok(requests)
+    }
+}

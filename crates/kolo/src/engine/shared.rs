@@ -1,0 +1,22 @@
+//! What the user's threads and the engine's share: the tensor table and
+//! the counters.
+
+use crate::engine::table::Table;
+use crate::error::Error;
+use crate::stats::Stats;
+use parking_lot::Mutex;
+
+/// State shared by the user's threads and the background thread.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub table: Mutex<Table>,
+    pub stats: Mutex<Stats>,
+}
+
+/// Closes the table with `reason` and fails every submission still queued.
+pub(crate) fn fail_all(shared: &Shared, reason: Error) {
+    let queued = shared.table.lock().close(reason.clone());
+    for completion in queued {
+        completion.fail_open(|_| reason.clone());
+    }
+}

@@ -1,0 +1,281 @@
+//! [`Kolo`]: one rank's handle on its engine. The engine (see
+//! [`crate::engine`]) is a background thread that owns the backend; `Kolo`
+//! holds its [`Runtime`] — the tensor table and the command channel —
+//! which keeps it free of the backend's type.
+
+use crate::config::Config;
+use crate::engine::completion::Completion;
+use crate::engine::launch::{launch_on_thread, launch_shared, Runtime};
+use crate::engine::placement::DevicePlane;
+use crate::engine::submission::{Input, Submission};
+use crate::error::Error;
+use crate::stats::Stats;
+use kolo_protocol::Params;
+use kolo_timeline::Timeline;
+use kolo_transport::Backend;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One rank's entry point: submits collectives to the background engine.
+///
+/// `Kolo` is `Send + Sync`: several threads of a rank may submit operations
+/// at once (each tensor name must be unique while in flight). Dropping it
+/// shuts the engine down, which shuts down every rank (see
+/// [`Kolo::shutdown`]).
+pub struct Kolo {
+    runtime: Runtime,
+    config: Config,
+    barriers: AtomicU64,
+    joins: AtomicU64,
+}
+
+impl Kolo {
+    /// Starts this rank's engine on `backend`: spawns the background thread
+    /// that owns it. Every rank of the backend's communicator must start
+    /// one. Rank 0 opens the timeline if `config` names one.
+    ///
+    /// The backend is `Send`, so a caller waiting on a handle may run the
+    /// engine's cycles on its own thread while the background thread does
+    /// not (blocking calls then need no hand-over to the background thread
+    /// at all; [`Stats::caller_cycles`] counts them). Use
+    /// [`Kolo::start_on_thread`] for a backend that must stay on one
+    /// thread.
+    pub fn start<B: Backend + Send + 'static>(backend: B, config: Config) -> Result<Kolo, Error> {
+        Kolo::start_with_abort(backend, config, |_: &mut B, _: &str| {})
+    }
+
+    /// [`Kolo::start`] with a way to fail the backend: when the rank aborts
+    /// ([`Kolo::abort`]), the background thread calls `abort(backend,
+    /// message)` before dropping it, so that peers blocked on this rank
+    /// fail at once naming it (kolo-threads' `ThreadComm::fail`, an MPI
+    /// abort, ...).
+    pub fn start_with_abort<B, F>(backend: B, config: Config, abort: F) -> Result<Kolo, Error>
+    where
+        B: Backend + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
+        Kolo::start_sharing(backend, config, abort, None)
+    }
+
+    /// [`Kolo::start_with_abort`] with rank 0's timeline already open
+    /// (`None`: opened from the config), so that a timeline that cannot
+    /// be created fails before any rank starts (see
+    /// [`crate::threads::run`]).
+    pub(crate) fn start_sharing<B, F>(
+        backend: B,
+        config: Config,
+        abort: F,
+        timeline: Option<Timeline>,
+    ) -> Result<Kolo, Error>
+    where
+        B: Backend + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
+        let runtime = launch_shared(backend, &config, abort, timeline)?;
+        Ok(Kolo::with(runtime, config))
+    }
+
+    /// Starts the engine with a backend that `make` creates on the engine's
+    /// background thread, which then makes every backend call. This is how
+    /// backends that must stay on one thread run: MPI initialised with
+    /// `MPI_THREAD_FUNNELED` (only the initialising thread may call MPI),
+    /// and NCCL, whose communicator is not `Send`. `abort` is as in
+    /// [`Kolo::start_with_abort`].
+    pub fn start_on_thread<B, M, F>(make: M, config: Config, abort: F) -> Result<Kolo, Error>
+    where
+        B: Backend + 'static,
+        M: FnOnce() -> Result<B, Error> + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
+        let make = move || make().map(|backend| (backend, None));
+        let runtime = launch_on_thread(make, &config, abort, None)?;
+        Ok(Kolo::with(runtime, config))
+    }
+
+    /// [`Kolo::start_on_thread`] with an optional device data plane, made
+    /// on the engine's thread with the backend (the GPU engines), and rank
+    /// 0's timeline perhaps already open (see [`Kolo::start_sharing`]).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn start_engine<B, M, F>(
+        make: M,
+        config: Config,
+        abort: F,
+        timeline: Option<Timeline>,
+    ) -> Result<Kolo, Error>
+    where
+        B: Backend + 'static,
+        M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
+        F: FnOnce(&mut B, &str) + Send + 'static,
+    {
+        let runtime = launch_on_thread(make, &config, abort, timeline)?;
+        Ok(Kolo::with(runtime, config))
+    }
+
+    /// The API over a started engine.
+    fn with(runtime: Runtime, config: Config) -> Kolo {
+        Kolo {
+            runtime,
+            config,
+            barriers: AtomicU64::new(0),
+            joins: AtomicU64::new(0),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.runtime.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.runtime.size
+    }
+
+    /// The CUDA device whose tensors this engine reduces on the GPU
+    /// (engines started by `kolo::nccl::run` or `Kolo::init_nccl_mpi`);
+    /// `None` for host-only engines.
+    pub fn gpu(&self) -> Option<usize> {
+        self.runtime.gpu
+    }
+
+    /// The settings the engine runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A snapshot of this rank's engine counters.
+    pub fn stats(&self) -> Stats {
+        self.runtime.stats()
+    }
+
+    /// True once the engine stopped (shut down, aborted or failed); every
+    /// later operation errs.
+    pub fn is_shut_down(&self) -> bool {
+        self.runtime.is_shut_down()
+    }
+
+    /// Asks every rank to shut down and waits until this rank's engine has
+    /// stopped. Operations still pending on any rank then fail with
+    /// [`Error::ShutDown`] naming the ranks that asked; later operations
+    /// fail the same way. Idempotent; also done when `Kolo` is dropped.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        self.runtime.shutdown()
+    }
+
+    /// Stops this rank at once, as failed: its pending operations fail with
+    /// [`Error::RankFailed`] naming it, the backend is failed (see
+    /// [`Kolo::start_with_abort`]) so that peers' pending operations fail
+    /// the same way instead of hanging, and the engine stops.
+    pub fn abort(&self, message: &str) {
+        self.runtime.abort(message);
+    }
+
+    /// Submits one tensor whose handle gets an output (the engine's copy
+    /// of the result).
+    pub(crate) fn submit_one(
+        &self,
+        name: &str,
+        params: Params,
+        input: Input,
+    ) -> Result<Arc<Completion>, Error> {
+        let shape = params.shape.clone();
+        let mut group = Submission::new(params, 1, true, None);
+        group.push(name, &shape, input);
+        self.submit(group)
+    }
+
+    /// Submits the tensors of `group` together (they reach the same cycle,
+    /// so they can fuse); all or none are accepted. Returns the
+    /// submission's completion.
+    pub(crate) fn submit(&self, submission: Submission<'_>) -> Result<Arc<Completion>, Error> {
+        self.runtime.submit(submission)
+    }
+
+    /// The next name of an internal barrier (the same sequence on every
+    /// rank, as every rank calls `barrier` the same number of times).
+    pub(crate) fn next_barrier_name(&self) -> String {
+        format!(
+            "__kolo/barrier.{}",
+            self.barriers.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// The next name of a join.
+    pub(crate) fn next_join_name(&self) -> String {
+        format!("__kolo/join.{}", self.joins.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl std::fmt::Debug for Kolo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kolo")
+            .field("rank", &self.runtime.rank)
+            .field("size", &self.runtime.size)
+            .field("shut_down", &self.is_shut_down())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Device tensors reach an engine's device check through `Kolo`.
+    use super::*;
+    use crate::handle::Handle;
+    use crate::threads;
+    use kolo_protocol::{DataType, Device, RequestKind};
+
+    /// Submits an allreduce request on `device` with no data (the engine
+    /// refuses device responses before looking at it).
+    fn submit_on(kolo: &Kolo, name: &str, device: Device) -> Result<(), Error> {
+        let params = kolo_protocol::Params {
+            device,
+            ..kolo.params(RequestKind::Allreduce, DataType::F32, &[4])
+        };
+        let completion = kolo.submit_one(name, params, Input::None)?;
+        Handle::new(completion, |_| Ok(())).wait()
+    }
+
+    #[test]
+    fn a_cpu_gpu_mix_fails_on_every_rank_naming_tensor_and_ranks() {
+        let errors = threads::run(2, Config::default(), |kolo| {
+            let device = if kolo.rank() == 0 {
+                Device::Cpu
+            } else {
+                Device::Cuda(1)
+            };
+            Ok(submit_on(kolo, "grad/mixed", device).err())
+        })
+        .unwrap();
+        for error in errors {
+            let Some(Error::Mismatch { tensor, message }) = error else {
+                panic!("expected a mismatch, got {error:?}");
+            };
+            assert_eq!(tensor, "grad/mixed");
+            assert!(message.contains("CPU/GPU"), "{message}");
+            assert!(message.contains("rank 0 sent cpu"), "{message}");
+            assert!(message.contains("rank 1 sent cuda:1"), "{message}");
+        }
+    }
+
+    #[test]
+    fn device_tensors_on_a_host_engine_fail_clearly() {
+        let errors = threads::run(2, Config::default(), |kolo| {
+            assert_eq!(kolo.gpu(), None);
+            let device = Device::Cuda(kolo.rank() as u32);
+            let first = submit_on(kolo, "grad/gpu", device).err();
+            // The engine is still usable afterwards.
+            let mut host = [1.0f32; 2];
+            kolo.allreduce("grad/host", &mut host, kolo_protocol::ReduceOp::Sum)?;
+            assert_eq!(host, [2.0; 2]);
+            Ok(first)
+        })
+        .unwrap();
+        for error in errors {
+            let Some(Error::Collective { tensor, message }) = error else {
+                panic!("expected a collective error, got {error:?}");
+            };
+            assert_eq!(tensor, "grad/gpu");
+            assert!(message.contains("GPU engine"), "{message}");
+        }
+    }
+}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# kolo-nccl's GPU checks (gpu_threads, gpu_mpi) and, with BENCH=1, its
+# kolo-nccl's GPU checks (gpu_threads, gpu_mpi, and gpu_conformance: the
+# conformance suite on device memory) and, with BENCH=1, its
 # timings (nccl_bench), run from the folder `cargo xtask test-gpu` builds
 # (gpu-dist/, where this file is run.sh): at 1, 2 and GPUS GPUs, in thread
 # mode (one process, a thread per GPU) and in process mode (one process
@@ -54,7 +55,7 @@ step() {
   trim "$OUT/$name.log"
   grep '^json: ' "$OUT/$name.log" | sed 's/^json: //' >"$OUT/$name.jsonl"
   [ -s "$OUT/$name.jsonl" ] || rm -f "$OUT/$name.jsonl"
-  grep -E 'FAIL|skipped|passed|^bench|^small:|^step:' "$OUT/$name.log" | tail -n 150
+  grep -E 'FAIL|skipped|passed|^excluded:|^bench|^small:|^step:' "$OUT/$name.log" | tail -n 150
   local verdict="PASS $name"
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     verdict="FAIL $name (timed out after ${STEP_TIMEOUT}s)"
@@ -69,6 +70,8 @@ if [ "${CHECKS:-1}" != 0 ]; then
   for n in $counts; do
     step "threads-${n}gpu" "$n" ./gpu_threads --gpus "$n"
     step "mpi-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_mpi
+    step "conformance-threads-${n}gpu" "$n" ./gpu_conformance --gpus "$n"
+    step "conformance-mpi-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_conformance
   done
 fi
 if [ "${BENCH:-0}" = 1 ]; then

@@ -5,8 +5,9 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl,
-/// kolo-pipeline, kolo's GPU engine checks), kolo-nccl's `nccl_bench` and
+/// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl's,
+/// the conformance suite on device memory among them, kolo-pipeline's,
+/// kolo's GPU engine checks), kolo-nccl's `nccl_bench` and
 /// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
 /// every file of `xtask/gpu/` (`run.sh`, `run-engine.sh`,
 /// `run-pipeline.sh` and `gpu-env.sh`, the prelude the three source); runs
@@ -53,7 +54,13 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
         "--no-run",
         "--message-format=json",
     ])?;
-    let gpu_tests = ["gpu_threads", "gpu_mpi", "gpu_nccl", "gpu_nccl_mpi"];
+    let gpu_tests = [
+        "gpu_threads",
+        "gpu_mpi",
+        "gpu_conformance",
+        "gpu_nccl",
+        "gpu_nccl_mpi",
+    ];
     let mut wanted: Vec<(String, PathBuf)> = artifacts(&tests)
         .into_iter()
         .filter(|(name, _)| gpu_tests.contains(&name.as_str()))

@@ -58,6 +58,9 @@ pub mod threads;
 pub use config::{BackendKind, Config, LogLevel};
 pub use error::Error;
 pub use group::TensorGroup;
+/// The `half` crate whose `f16` and `bf16` kolo reduces, re-exported so
+/// that a caller's tensors are of the same types whatever `half` it uses.
+pub use half;
 pub use handle::Handle;
 pub use kolo::Kolo;
 pub use kolo_protocol::{DataType, ReduceOp};

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// error, the rank aborts: peers' pending operations fail with
 /// [`Error::RankFailed`] naming it instead of hanging. The error returned
 /// is then the first failure in time (the cause, not its echoes on the
-/// other ranks).
+/// other ranks). [`run_all`] returns every rank's outcome instead, with
+/// the closure's own error type.
 ///
 /// ```
 /// let sums = kolo::threads::run(2, kolo::Config::default(), |kolo| {
@@ -68,6 +69,81 @@ where
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
     S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
 {
+    let mut results = Vec::with_capacity(ranks);
+    let mut failures = Vec::new();
+    for (rank, outcome) in run_each(ranks, config, start, f)?.into_iter().enumerate() {
+        match outcome {
+            Ok(result) => results.push(result),
+            Err((order, error)) => failures.push(Failure { order, rank, error }),
+        }
+    }
+    match first_cause(failures) {
+        Some(cause) => Err(cause),
+        None => Ok(results),
+    }
+}
+
+/// Runs `f` on `ranks` thread ranks as [`run`] does, and returns every
+/// rank's own outcome, in rank order, with the closure's own error type:
+/// kolo's errors (a rank that could not start, a panic, which fail as
+/// [`Error::RankFailed`]) reach it through `From`. A rank whose `f` fails
+/// aborts as in [`run`], so the others' outcomes show how that reached
+/// them. The outer error is a run that could not begin: a setting out of
+/// bounds, a timeline that cannot be created, no thread ranks.
+///
+/// ```
+/// #[derive(Debug)]
+/// enum MyError { Kolo(kolo::Error), Diverged(usize) }
+/// impl From<kolo::Error> for MyError {
+///     fn from(e: kolo::Error) -> Self { MyError::Kolo(e) }
+/// }
+/// impl std::fmt::Display for MyError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         write!(f, "{self:?}")
+///     }
+/// }
+///
+/// let outcomes = kolo::threads::run_all(2, kolo::Config::default(), |kolo| {
+///     let mut loss = [1.0f32 + kolo.rank() as f32];
+///     kolo.allreduce("loss", &mut loss, kolo::ReduceOp::Average)?;
+///     if kolo.rank() == 1 {
+///         return Err(MyError::Diverged(1));
+///     }
+///     Ok(loss[0])
+/// })?;
+/// assert_eq!(outcomes[0].as_ref().ok(), Some(&1.5));
+/// assert!(matches!(outcomes[1], Err(MyError::Diverged(1))));
+/// # Ok::<(), kolo::Error>(())
+/// ```
+pub fn run_all<R, E, F>(ranks: usize, config: Config, f: F) -> Result<Vec<Result<R, E>>, Error>
+where
+    R: Send,
+    E: From<Error> + std::fmt::Display + Send,
+    F: Fn(&Kolo) -> Result<R, E> + Sync,
+{
+    let outcomes = run_each(ranks, &config, start_on_threads, f)?;
+    Ok(outcomes
+        .into_iter()
+        .map(|outcome| outcome.map_err(|(_, error)| error))
+        .collect())
+}
+
+/// Every rank's outcome, its failure stamped with the order in which the
+/// ranks' closures failed (taken before the rank aborts, so a cause
+/// precedes its echoes).
+#[allow(clippy::type_complexity)]
+fn run_each<R, E, F, S>(
+    ranks: usize,
+    config: &Config,
+    start: S,
+    f: F,
+) -> Result<Vec<Result<R, (u64, E)>>, Error>
+where
+    R: Send,
+    E: From<Error> + std::fmt::Display + Send,
+    F: Fn(&Kolo) -> Result<R, E> + Sync,
+    S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
+{
     // Settings out of bounds and a timeline that cannot be created fail
     // the run before any rank starts; rank 0's engine gets it open.
     config.validate()?;
@@ -75,17 +151,13 @@ where
     let comms = kolo_threads::communicators(ranks).map_err(|e| Error::Start {
         message: format!("cannot create {ranks} thread ranks: {e}"),
     })?;
-    // Failures stamped with the order in which the ranks' closures failed
-    // (taken before the rank aborts, so a cause precedes its echoes).
-    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
     let clock = AtomicU64::new(0);
-    let results: Vec<Option<R>> = std::thread::scope(|scope| {
+    let outcomes = std::thread::scope(|scope| {
         let threads: Vec<_> = comms
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (f, start, failures, clock) = (&f, &start, &failures, &clock);
-                let timeline = &timeline;
+                let (f, start, clock, timeline) = (&f, &start, &clock, &timeline);
                 std::thread::Builder::new()
                     .name(format!("kolo-user-{rank}"))
                     .spawn_scoped(scope, move || {
@@ -94,13 +166,7 @@ where
                         } else {
                             None
                         };
-                        match run_rank(rank, start(comm, config, timeline), f, clock) {
-                            Ok(result) => Some(result),
-                            Err((order, error)) => {
-                                failures.lock().push(Failure { order, rank, error });
-                                None
-                            }
-                        }
+                        run_rank(rank, start(comm, config, timeline), f, clock)
                     })
                     .map_err(|e| (rank, e))
             })
@@ -110,48 +176,32 @@ where
             .map(|thread| match thread {
                 Ok(handle) => handle.join().unwrap_or_else(|panic| {
                     // `run_rank` catches the closure's panics; this is kolo's own.
-                    failures.lock().push(Failure {
-                        order: u64::MAX,
-                        rank: usize::MAX,
-                        error: panicked(&format!(
-                            "a rank's thread panicked: {}",
-                            panic_text(panic.as_ref())
-                        )),
-                    });
-                    None
+                    let message =
+                        format!("a rank's thread panicked: {}", panic_text(panic.as_ref()));
+                    Err((u64::MAX, E::from(panicked(&message))))
                 }),
-                Err((rank, e)) => {
-                    failures.lock().push(Failure {
-                        order: clock.fetch_add(1, Ordering::SeqCst),
-                        rank,
-                        error: Error::Start {
-                            message: format!("cannot spawn the thread of rank {rank}: {e}"),
-                        },
-                    });
-                    None
-                }
+                Err((rank, e)) => Err((
+                    clock.fetch_add(1, Ordering::SeqCst),
+                    E::from(Error::Start {
+                        message: format!("cannot spawn the thread of rank {rank}: {e}"),
+                    }),
+                )),
             })
             .collect()
     });
-    if let Some(cause) = first_cause(failures.into_inner()) {
-        return Err(cause);
-    }
-    results
-        .into_iter()
-        .map(|r| r.ok_or_else(|| panicked("a rank ended without a result")))
-        .collect()
+    Ok(outcomes)
 }
 
 /// One rank: take the started engine, run `f`, abort on failure, shut down. A
 /// failure comes with its stamp from `clock`.
-fn run_rank<R>(
+fn run_rank<R, E: From<Error> + std::fmt::Display>(
     rank: usize,
     started: Result<Kolo, Error>,
-    f: &(impl Fn(&Kolo) -> Result<R, Error> + Sync),
+    f: &(impl Fn(&Kolo) -> Result<R, E> + Sync),
     clock: &AtomicU64,
-) -> Result<R, (u64, Error)> {
+) -> Result<R, (u64, E)> {
     let stamp = || clock.fetch_add(1, Ordering::SeqCst);
-    let kolo = started.map_err(|e| (stamp(), e))?;
+    let kolo = started.map_err(|e| (stamp(), E::from(e)))?;
     let outcome = match catch_unwind(AssertUnwindSafe(|| f(&kolo))) {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(error)) => {
@@ -163,7 +213,7 @@ fn run_rank<R>(
             let order = stamp();
             let message = format!("rank {rank} panicked: {}", panic_text(payload.as_ref()));
             kolo.abort(&message);
-            Err((order, Error::RankFailed { rank, message }))
+            Err((order, E::from(Error::RankFailed { rank, message })))
         }
     };
     drop(kolo);

@@ -212,3 +212,74 @@ fn ranks_with_different_cache_capacities_fail_naming_the_setting() {
         );
     }
 }
+
+/// A caller's own error type for [`kolo::threads::run_all`].
+#[derive(Debug)]
+enum StepError {
+    Kolo(Error),
+    Diverged { rank: usize },
+}
+
+impl From<Error> for StepError {
+    fn from(e: Error) -> Self {
+        StepError::Kolo(e)
+    }
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepError::Kolo(e) => write!(f, "{e}"),
+            StepError::Diverged { rank } => write!(f, "rank {rank} diverged"),
+        }
+    }
+}
+
+#[test]
+fn run_all_returns_every_ranks_own_outcome() {
+    let outcomes = kolo::threads::run_all(3, config(), |kolo| {
+        if kolo.rank() == 2 {
+            return Err(StepError::Diverged { rank: 2 });
+        }
+        // Rank 2 never submits: the others' allreduce fails naming it.
+        let mut x = [1i32; 4];
+        kolo.allreduce("x", &mut x, ReduceOp::Sum)?;
+        Ok(x)
+    })
+    .expect("the run starts");
+    assert_eq!(outcomes.len(), 3);
+    for (rank, outcome) in outcomes.iter().enumerate().take(2) {
+        match outcome {
+            Err(StepError::Kolo(Error::RankFailed {
+                rank: failed,
+                message,
+            })) => {
+                assert_eq!(*failed, 2, "rank {rank}: {message}");
+                assert!(
+                    message.contains("rank 2 diverged"),
+                    "rank {rank}: {message}"
+                );
+            }
+            other => panic!("rank {rank}: expected a failure naming rank 2, got {other:?}"),
+        }
+    }
+    assert!(matches!(outcomes[2], Err(StepError::Diverged { rank: 2 })));
+    // Kolo's own failures reach the caller's type; the run itself is fine.
+    let outcomes = kolo::threads::run_all(2, config(), |kolo| -> Result<usize, StepError> {
+        if kolo.rank() == 1 {
+            panic!("boom");
+        }
+        Ok(kolo.rank())
+    })
+    .expect("the run starts");
+    assert!(matches!(&outcomes[0], Ok(0)), "{:?}", outcomes[0]);
+    match &outcomes[1] {
+        Err(StepError::Kolo(Error::RankFailed { rank: 1, message })) => {
+            assert!(message.contains("boom"), "{message}")
+        }
+        other => panic!("expected rank 1's panic, got {other:?}"),
+    }
+    // A run that cannot begin is the outer error.
+    let bad = Config::default().cycle_time(Duration::from_secs(3600));
+    assert!(kolo::threads::run_all(2, bad, |_| Ok::<_, StepError>(())).is_err());
+}

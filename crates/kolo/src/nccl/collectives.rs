@@ -4,8 +4,8 @@
 //! into.
 
 use super::plane::{
-    topology, Enqueued, NcclPlane, Output, Outputs, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE,
-    NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
+    topology, Enqueued, NcclPlane, Output, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL,
+    NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
 use super::tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
@@ -14,6 +14,7 @@ use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Untracke
 use kolo_protocol::Response;
 use kolo_timeline::{activity, Timeline};
 use kolo_transport::Scale;
+use std::any::Any;
 use std::sync::Arc;
 
 /// The element count of tensor `index` of `response`.

@@ -32,8 +32,11 @@ pub use gather::Received;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReduceOptions {
-    /// How elements combine (`Average` divides the sum by the number of
-    /// ranks).
+    /// How elements combine. `Average` divides the sum by the number of
+    /// ranks; on integer tensors (and wherever a scale factor is not 1)
+    /// the factor is applied in f64 and the result rounded toward zero,
+    /// saturating at the type's bounds (`3` and `4` average to `3`; i64
+    /// values beyond 2^53 lose precision), so an integer average never overflows.
     pub op: ReduceOp,
     /// Factor applied to every rank's input before the reduction.
     pub prescale: f64,

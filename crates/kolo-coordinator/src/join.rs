@@ -15,7 +15,10 @@
 //!
 //! When every rank has joined, one `Op(Join)` response names the join
 //! requests (the distinct names, in rank order; normally every rank uses the
-//! same name) and the joined state resets, so the next round starts fresh.
+//! same name) and carries the last rank to join in `root_rank` (what
+//! Horovod's `join` returns; of ranks whose joins reached rank 0 in the
+//! same cycle, the highest), and the joined state resets, so the next round
+//! starts fresh.
 
 use crate::message_table::TableEntry;
 use kolo_protocol::{ReduceOp, RequestKind, Response, ResponseKind};
@@ -25,6 +28,8 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Default)]
 pub struct JoinBook {
     names: BTreeMap<u32, String>,
+    /// The rank whose join was recorded last.
+    last: Option<u32>,
 }
 
 impl JoinBook {
@@ -36,11 +41,15 @@ impl JoinBook {
     /// Records `rank`'s join request named `name` (a second one from the
     /// same rank in one round is ignored).
     pub fn record(&mut self, rank: u32, name: &str) {
-        self.names.entry(rank).or_insert_with(|| name.to_owned());
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.names.entry(rank) {
+            slot.insert(name.to_owned());
+            self.last = Some(rank);
+        }
     }
 
     /// The `Op(Join)` response that ends the round: the distinct join
-    /// request names in rank order.
+    /// request names in rank order, and the last rank to join as its
+    /// `root_rank`.
     pub fn response(&self) -> Response {
         let mut names: Vec<String> = Vec::new();
         for name in self.names.values() {
@@ -51,12 +60,14 @@ impl JoinBook {
         let mut response = Response::error(String::new(), String::new());
         response.kind = ResponseKind::Op(RequestKind::Join);
         response.tensor_names = names;
+        response.root_rank = self.last.unwrap_or(0);
         response
     }
 
     /// Starts a new round.
     pub fn reset(&mut self) {
         self.names.clear();
+        self.last = None;
     }
 }
 
@@ -136,6 +147,22 @@ mod tests {
         let gather =
             |rank| Request::new(rank, "g", RequestKind::Allgather, DataType::F32, vec![2, 3]);
         assert_eq!(joined_conflict(&entry(3, vec![gather(1)])), None);
+    }
+
+    #[test]
+    fn the_round_names_the_last_rank_to_join() {
+        let mut book = JoinBook::new();
+        book.record(2, "join.0");
+        book.record(0, "join.0");
+        // A second join from a rank already joined changes nothing.
+        book.record(2, "join.1");
+        let response = book.response();
+        assert_eq!(response.kind, ResponseKind::Op(RequestKind::Join));
+        assert_eq!(response.tensor_names, ["join.0"]);
+        assert_eq!(response.root_rank, 0);
+        book.reset();
+        book.record(1, "join.1");
+        assert_eq!(book.response().root_rank, 1);
     }
 
     #[test]

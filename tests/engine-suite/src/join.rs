@@ -39,7 +39,14 @@ pub fn uneven_batches_then_join(kolo: &Kolo) -> Result<Digest, Error> {
         kolo.broadcast(&format!("bcast/{step}"), &mut b, 1)?;
         assert_eq!(b, vec![1; 2]);
     }
-    kolo.join()?;
+    // Rank 1 has the most batches: its last steps run alone, after every
+    // other rank's join, so it is the last to join.
+    let last = kolo.join()?;
+    assert_eq!(
+        last,
+        if n > 1 { 1 } else { 0 },
+        "rank {r}: the last to join"
+    );
     // After everyone joined, a new round starts: all ranks take part.
     let mut after = vec![1i32; 4];
     kolo.allreduce("after-join", &mut after, ReduceOp::Sum)?;
@@ -57,7 +64,8 @@ pub fn join_twice(kolo: &Kolo) -> Result<Digest, Error> {
             let contributors = (0..n).filter(|&p| p + round > step).count() as i32;
             assert_eq!(x, vec![contributors; 2]);
         }
-        kolo.join()?;
+        // The highest rank has the most steps, its last ones alone.
+        assert_eq!(kolo.join()?, n - 1, "round {round}: the last to join");
     }
     Ok(None)
 }
@@ -68,7 +76,11 @@ pub fn join_twice(kolo: &Kolo) -> Result<Digest, Error> {
 pub fn joined_rank_in_rs_and_allgather(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     if r == n - 1 {
-        kolo.join()?;
+        let last = kolo.join()?;
+        assert!(
+            n == 1 || last < n - 1,
+            "rank {r} joined first, not last ({last})"
+        );
         return Ok(None);
     }
     let split = kolo::split_rows(7, n);
@@ -87,6 +99,11 @@ pub fn joined_rank_in_rs_and_allgather(kolo: &Kolo) -> Result<Digest, Error> {
         .flat_map(|p| std::iter::repeat_n(p as i64, 2 * (p + 1)))
         .collect();
     assert_eq!(gathered, expected);
-    kolo.join()?;
+    let last = kolo.join()?;
+    assert!(
+        last < n - 1,
+        "rank {} joined first, not last ({last})",
+        n - 1
+    );
     Ok(None)
 }

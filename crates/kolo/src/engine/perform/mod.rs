@@ -452,16 +452,25 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             RequestKind::Barrier | RequestKind::Join => {
                 // The negotiation itself gathered every rank for a join; a
                 // barrier also runs the backend's.
+                // A join's result is the last rank to join (the response's
+                // root), the same on every rank.
                 let result = match kind {
                     RequestKind::Barrier => self.backend.barrier().map_err(Error::from_transport),
                     _ => Ok(()),
                 };
+                let last = parts
+                    .first()
+                    .map_or(0, |r| to_usize(u64::from(r.root_rank)));
                 let names = parts.iter().flat_map(|r| r.tensor_names.iter());
                 let mut done = Vec::with_capacity(slots.len());
                 for (name, slot) in names.zip(slots) {
                     self.timeline.op_end(name, "", &[]);
                     if let Some(entry) = slot {
-                        done.push((entry.part, result.clone().map(|()| Box::new(()) as Payload)));
+                        let payload = result.clone().map(|()| match kind {
+                            RequestKind::Join => Box::new(last) as Payload,
+                            _ => Box::new(()) as Payload,
+                        });
+                        done.push((entry.part, payload));
                     }
                 }
                 self.batches.complete(done);

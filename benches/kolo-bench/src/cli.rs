@@ -64,17 +64,15 @@ pub struct Args {
     /// Engine mode: tensors submitted per step, each size/K bytes.
     #[arg(long, default_value_t = 1, requires = "engine")]
     pub tensors: usize,
-    /// Engine mode: submit the allreduce tensors as one grouped allreduce.
+    /// Engine mode: submit the allreduce tensors as one group, a
+    /// `kolo::TensorGroup` made in every step, submitted in a scope
+    /// (without it: one `allreduce_async` per tensor in a scope).
     #[arg(long, requires = "engine")]
     pub grouped: bool,
-    /// Engine mode: submit the allreduce tensors inside a `Kolo::scope`,
-    /// which reduces them in place (no copy in or out of the engine).
-    #[arg(long, requires = "engine")]
-    pub scoped: bool,
     /// Engine mode: submit the allreduce tensors as one `kolo::TensorGroup`
     /// made before the timing, with the blocking `Kolo::allreduce_group`
-    /// (in place, grouped, the engine reads no name per step, and the
-    /// caller's wait runs the step). Implies `--scoped --grouped`.
+    /// (the engine reads no name per step, and the caller's wait runs the
+    /// step). Implies `--grouped`.
     #[arg(long, requires = "engine")]
     pub tensor_group: bool,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then

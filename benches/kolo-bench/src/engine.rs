@@ -48,7 +48,6 @@ impl EngineOptions {
             tensors: args.tensors,
             submission: Submission {
                 grouped: args.grouped || args.tensor_group,
-                scoped: args.scoped || args.tensor_group,
                 tensor_group: args.tensor_group,
             },
             config,
@@ -84,19 +83,14 @@ pub fn engine_plan(
         reporter.print("# sendrecv: skipped (the engine has no send/recv)")?;
     }
     let grouped = if options.submission.tensor_group {
-        ", grouped allreduce of one TensorGroup"
+        ", one TensorGroup, blocking"
     } else if options.submission.grouped {
-        ", grouped allreduce"
+        ", a group made per step, in a scope"
     } else {
-        ""
-    };
-    let scoped = if options.submission.scoped {
-        ", in a scope (zero-copy)"
-    } else {
-        ""
+        ", one allreduce_async per tensor, in a scope"
     };
     reporter.print(&format!(
-        "# engine: fusion threshold {} B, cycle time {:.3} ms{grouped}{scoped}",
+        "# engine: fusion threshold {} B, cycle time {:.3} ms{grouped}",
         options.config.fusion_threshold,
         options.config.cycle_time.as_secs_f64() * 1e3
     ))?;

@@ -11,7 +11,7 @@ use crate::case::wrong_elements;
 use crate::error::BenchError;
 use crate::op::BenchOp;
 use crate::reference::Spec;
-use kolo::{Element, Error, Handle, Kolo, TensorMut};
+use kolo::{Element, Error, Handle, Kolo};
 use std::ops::Range;
 
 /// `len` elements split into `parts` contiguous ranges as evenly as
@@ -72,13 +72,11 @@ pub fn skip_reason(spec: &Spec, tensors: usize) -> Option<String> {
 /// How a step submits its allreduces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Submission {
-    /// One grouped allreduce instead of K separate ones.
+    /// One group (a `kolo::TensorGroup` made per step, submitted in a
+    /// scope) instead of K separate allreduces.
     pub grouped: bool,
-    /// Inside a `Kolo::scope`: the engine reduces the buffers in place.
-    pub scoped: bool,
-    /// The grouped allreduce's names as one `kolo::TensorGroup` (with
-    /// `grouped` and `scoped`), submitted with the blocking
-    /// `Kolo::allreduce_group`.
+    /// The group's names as one `kolo::TensorGroup` made once (with
+    /// `grouped`), submitted with the blocking `Kolo::allreduce_group`.
     pub tensor_group: bool,
 }
 
@@ -189,22 +187,18 @@ impl<T: Element> EngineCase<T> {
     pub fn step(&mut self, kolo: &Kolo) -> Result<(), Error> {
         let op = self.spec.redop;
         match self.spec.op {
-            BenchOp::Allreduce if self.submission.scoped => {
+            BenchOp::Allreduce => {
                 let slices = split_mut(&mut self.recv, &self.parts);
-                let (names, group) = (&self.names, &self.group);
-                let grouped = self.submission.grouped;
-                if let Some(group) = group {
+                if let Some(group) = &self.group {
                     let mut slices = slices;
                     return kolo.allreduce_group(group, &mut slices, op);
                 }
+                let names = &self.names;
+                if self.submission.grouped {
+                    let made = kolo::TensorGroup::new(names)?;
+                    return kolo.scope(|s| s.allreduce_group_async(&made, slices, op)?.wait());
+                }
                 kolo.scope(|s| {
-                    if grouped {
-                        let views = names
-                            .iter()
-                            .map(String::as_str)
-                            .zip(slices.into_iter().map(TensorMut::from));
-                        return s.grouped_allreduce_async(views, op)?.wait();
-                    }
                     let handles = names
                         .iter()
                         .zip(slices)
@@ -213,67 +207,58 @@ impl<T: Element> EngineCase<T> {
                     wait_all(handles).map(drop)
                 })
             }
-            BenchOp::Allreduce if self.submission.grouped => {
-                let views = self.names.iter().map(String::as_str).zip(
-                    split_mut(&mut self.recv, &self.parts)
-                        .into_iter()
-                        .map(TensorMut::from),
-                );
-                kolo.grouped_allreduce_async(views, op)?.wait()
-            }
-            BenchOp::Allreduce => {
-                let slices = split_mut(&mut self.recv, &self.parts);
-                let handles = self
-                    .names
-                    .iter()
-                    .zip(slices)
-                    .map(|(name, slice)| kolo.allreduce_async(name, slice, op))
-                    .collect::<Result<Vec<_>, _>>()?;
-                wait_all(handles).map(drop)
-            }
             BenchOp::Broadcast => {
                 let slices = split_mut(&mut self.recv, &self.parts);
-                let handles = self
-                    .names
-                    .iter()
-                    .zip(slices)
-                    .map(|(name, slice)| kolo.broadcast_async(name, slice, 0))
-                    .collect::<Result<Vec<_>, _>>()?;
-                wait_all(handles).map(drop)
+                let names = &self.names;
+                kolo.scope(|s| {
+                    let handles = names
+                        .iter()
+                        .zip(slices)
+                        .map(|(name, slice)| s.broadcast_async(name, slice, 0))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(handles).map(drop)
+                })
             }
             BenchOp::Allgather => {
-                let handles = self
-                    .names
-                    .iter()
-                    .zip(&self.parts)
-                    .map(|(name, part)| kolo.allgather_async(name, &self.send[part.clone()]))
-                    .collect::<Result<Vec<_>, _>>()?;
-                self.pending = wait_all(handles)?;
+                let (names, parts, send) = (&self.names, &self.parts, &self.send);
+                self.pending = kolo.scope(|s| {
+                    let handles = names
+                        .iter()
+                        .zip(parts)
+                        .map(|(name, part)| s.allgather_async(name, &send[part.clone()]))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(handles)
+                })?;
                 Ok(())
             }
             BenchOp::Reducescatter => {
                 let slices = split_mut(&mut self.recv, &self.parts);
-                let handles = self
-                    .names
-                    .iter()
-                    .zip(&self.staged)
-                    .zip(slices)
-                    .map(|((name, input), out)| kolo.reduce_scatter_async(name, input, out, op))
-                    .collect::<Result<Vec<_>, _>>()?;
-                wait_all(handles).map(drop)
+                let (names, staged) = (&self.names, &self.staged);
+                kolo.scope(|s| {
+                    let handles = names
+                        .iter()
+                        .zip(staged)
+                        .zip(slices)
+                        .map(|((name, input), out)| s.reduce_scatter_async(name, input, out, op))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(handles).map(drop)
+                })
             }
             BenchOp::Alltoall => {
                 let n = self.spec.ranks;
-                let handles = self
-                    .names
-                    .iter()
-                    .zip(&self.staged)
-                    .zip(&self.parts)
-                    .map(|((name, input), part)| {
-                        kolo.alltoall_async(name, input, &vec![part.len(); n])
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                self.pending = wait_all(handles)?.into_iter().map(|r| r.data).collect();
+                let (names, staged, parts) = (&self.names, &self.staged, &self.parts);
+                let received = kolo.scope(|s| {
+                    let handles = names
+                        .iter()
+                        .zip(staged)
+                        .zip(parts)
+                        .map(|((name, input), part)| {
+                            s.alltoall_async(name, input, &vec![part.len(); n])
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    wait_all(handles)
+                })?;
+                self.pending = received.into_iter().map(|r| r.data).collect();
                 Ok(())
             }
             BenchOp::Sendrecv => Err(Error::InvalidArgument {

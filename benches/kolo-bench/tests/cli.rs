@@ -114,13 +114,7 @@ fn engine_mode_fuses_k_tensors_correctly() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let json = dir.path().join("engine.json");
     let json_arg = json.to_str().expect("a UTF-8 temporary path");
-    let modes = [
-        ["", ""],
-        ["--grouped", ""],
-        ["--scoped", ""],
-        ["--scoped", "--grouped"],
-        ["--tensor-group", ""],
-    ];
+    let modes = [["", ""], ["--grouped", ""], ["--tensor-group", ""]];
     for mode in modes {
         let mut args = vec![
             "--engine",
@@ -159,10 +153,7 @@ fn engine_mode_fuses_k_tensors_correctly() {
         );
         assert!(stdout.contains("# sendrecv: skipped"), "{stdout}");
         if mode[0] == "--tensor-group" {
-            assert!(
-                stdout.contains("of one TensorGroup, in a scope"),
-                "{stdout}"
-            );
+            assert!(stdout.contains("one TensorGroup, blocking"), "{stdout}");
         }
         let rows: Vec<serde_json::Value> =
             serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON file"))

@@ -185,7 +185,7 @@ pub use safe::ops::DeviceElement;
 pub use safe::staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use safe::teardown::Teardown;
 pub use safe::transaction::DeviceTransaction;
-pub use safe::untracked::Untracked;
+pub use safe::untracked::{Untracked, UntrackedSpace};
 pub use safe::views::{CudaMut, CudaRef};
 pub use safe::work::Work;
 

@@ -1,15 +1,11 @@
 //! Handles on operations in flight: block with [`Handle::wait`], check with
 //! [`Handle::poll`], or `.await` them.
 //!
-//! Outside a [`crate::Scope`] the engine never touches the caller's
-//! buffers: it works on its own copies, and a handle writes results back
-//! into the caller's buffer when it is waited on or polled to completion.
-//! Forgetting a handle (`std::mem::forget`) or dropping it therefore only
-//! discards the result; the operation still runs on every rank. (In a scope
-//! the engine works on the lent buffers in place, and the scope, not the
-//! handle, keeps them borrowed until the engine is done.)
-//!
-//! A handle holds its submission's
+//! Every handle belongs to a [`crate::Scope`], which keeps the caller's
+//! buffers borrowed until the engine is done with them, whatever becomes
+//! of the handle: forgetting a handle (`std::mem::forget`) or dropping it
+//! only discards what it would return; the operation still runs on every
+//! rank. A handle holds its submission's
 //! [`Completion`](crate::engine::completion::Completion), where the engine
 //! leaves the results.
 
@@ -21,18 +17,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// Turns what a handle's submission delivered into its output (copying
-/// results into the caller's buffers).
-type Finish<'a, O> = Box<dyn FnOnce(Outcome) -> Result<O, Error> + Send + 'a>;
+/// results into the caller's buffers where the operation copies).
+type Finish<'a, O> = Box<dyn FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a>;
 
 /// An operation in flight, borrowing the caller's output buffer (if any)
 /// for `'a`.
 ///
 /// The operation runs whether or not the handle is kept: dropping (or
-/// forgetting) it discards the result, never the operation. The result is
-/// written into the caller's buffer by [`Handle::wait`], by [`Handle::poll`]
+/// forgetting) it discards the result, never the operation. An allreduce
+/// writes the caller's buffer in place as it completes; the other
+/// collectives write their output by [`Handle::wait`], by [`Handle::poll`]
 /// once it returns `Some`, or by `.await`. A tensor that failed is left
-/// untouched; the other tensors of a group are written (see
-/// [`crate::Kolo::grouped_allreduce`] for the rule every call follows).
+/// untouched; the other tensors of a group are delivered (see
+/// [`crate::Kolo::allreduce_group`] for the rule every call follows).
 #[must_use = "an operation's result (and error) is only seen through its handle"]
 pub struct Handle<'a, O> {
     completion: Arc<Completion>,
@@ -46,18 +43,6 @@ impl<'a, O> Handle<'a, O> {
     pub(crate) fn new(
         completion: Arc<Completion>,
         finish: impl FnOnce(Vec<Payload>) -> Result<O, Error> + Send + 'a,
-    ) -> Self {
-        Handle::delivering(completion, move |outcome| match outcome {
-            Ok(payloads) => finish(payloads),
-            Err(failure) => Err(failure.error),
-        })
-    }
-
-    /// A handle over the submission `completion` whose `finish` also sees
-    /// a partial failure (to deliver the parts that were performed).
-    pub(crate) fn delivering(
-        completion: Arc<Completion>,
-        finish: impl FnOnce(Outcome) -> Result<O, Error> + Send + 'a,
     ) -> Self {
         Handle {
             completion,
@@ -100,7 +85,7 @@ impl<'a, O> Handle<'a, O> {
         }
         let outcome = take(&self.completion)?;
         let finish = self.finish.take()?;
-        Some(finish(outcome))
+        Some(outcome.map_err(|failure| failure.error).and_then(finish))
     }
 }
 
@@ -208,27 +193,6 @@ mod tests {
             .complete(Err(Error::ShutDown { by_ranks: vec![1] }));
         c.part(0).complete(Ok(Box::new(0u8)));
         assert_eq!(h.wait(), Err(Error::ShutDown { by_ranks: vec![1] }));
-    }
-
-    #[test]
-    fn a_partial_failure_names_the_failed_parts_and_keeps_the_staging() {
-        let c = Completion::new(names(3), false, None, None);
-        c.keep_staging(Box::new(vec![7u8; 3]));
-        let h = Handle::delivering(Arc::clone(&c), |outcome| match outcome {
-            Ok(_) => Ok((Vec::new(), None)),
-            Err(f) => Ok((
-                f.failed,
-                f.staging.and_then(|s| s.downcast::<Vec<u8>>().ok()),
-            )),
-        });
-        c.part(2)
-            .complete(Err(Error::ShutDown { by_ranks: vec![2] }));
-        c.part(0).complete(Ok(Box::new(())));
-        c.part(1)
-            .complete(Err(Error::ShutDown { by_ranks: vec![1] }));
-        let (failed, staging) = h.wait().unwrap();
-        assert_eq!(failed, [1, 2]);
-        assert_eq!(staging.as_deref(), Some(&vec![7u8; 3]));
     }
 
     #[test]

@@ -7,10 +7,9 @@ use crate::config::Config;
 use crate::engine::completion::Completion;
 use crate::engine::launch::{launch_on_thread, launch_shared, Runtime};
 use crate::engine::placement::DevicePlane;
-use crate::engine::submission::{Input, Submission};
+use crate::engine::submission::Submission;
 use crate::error::Error;
 use crate::stats::Stats;
-use kolo_protocol::Params;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -170,20 +169,6 @@ impl Kolo {
         self.runtime.abort(message);
     }
 
-    /// Submits one tensor whose handle gets an output (the engine's copy
-    /// of the result).
-    pub(crate) fn submit_one(
-        &self,
-        name: &str,
-        params: Params,
-        input: Input,
-    ) -> Result<Arc<Completion>, Error> {
-        let shape = params.shape.clone();
-        let mut group = Submission::new(params, 1, true, None);
-        group.push(name, &shape, input);
-        self.submit(group)
-    }
-
     /// Submits the tensors of `group` together (they reach the same cycle,
     /// so they can fuse); all or none are accepted. Returns the
     /// submission's completion.
@@ -231,8 +216,10 @@ mod tests {
             device,
             ..kolo.params(RequestKind::Allreduce, DataType::F32, &[4])
         };
-        let completion = kolo.submit_one(name, params, Input::None)?;
-        Handle::new(completion, |_| Ok(())).wait()
+        kolo.scope(|s| {
+            let completion = s.submit_one(name, params, crate::engine::submission::Input::None)?;
+            Handle::new(completion, |_| Ok(())).wait()
+        })
     }
 
     #[test]

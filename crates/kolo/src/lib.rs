@@ -6,9 +6,11 @@
 //! checks that all ranks asked for the same thing — a mismatch fails that
 //! tensor on every rank instead of hanging), fuses ready allreduces into one
 //! buffer, and performs the agreed operations in the same order everywhere.
-//! Operations are submitted from any thread, blocking or as [`Handle`]s
-//! (`wait`, `poll`, `.await`) — inside a [`Kolo::scope`] without any copy
-//! of the caller's buffers; a response cache skips negotiation for
+//! Operations are submitted from any thread, blocking on [`Kolo`] or as
+//! [`Handle`]s (`wait`, `poll`, `.await`) inside a [`Kolo::scope`];
+//! allreduces work on the caller's buffers in place, and a
+//! [`TensorGroup`] submits a model's gradients step after step as one
+//! fused collective. A response cache skips negotiation for
 //! tensors seen before, a stall inspector names ranks that never submit,
 //! and rank 0 can write a Chrome-trace timeline. [`threads::run`] runs n
 //! ranks as threads of one process; other backends start a [`Kolo`] with
@@ -21,10 +23,13 @@
 //!     let mut grad = vec![(kolo.rank() + 1) as f32; 4];
 //!     kolo.allreduce("grad", &mut grad, kolo::ReduceOp::Sum)?;
 //!
-//!     // Async: the handle writes the result into `bias` when waited on.
+//!     // Async, inside a scope: the engine reduces `bias` in place while
+//!     // the scope's body goes on; the scope ends once it is done.
 //!     let mut bias = vec![kolo.rank() as i64; 2];
-//!     let handle = kolo.allreduce_async("bias", &mut bias, kolo::ReduceOp::Max)?;
-//!     handle.wait()?;
+//!     kolo.scope(|s| {
+//!         let handle = s.allreduce_async("bias", &mut bias, kolo::ReduceOp::Max)?;
+//!         handle.wait()
+//!     })?;
 //!     Ok((grad, bias))
 //! })?;
 //! for (grad, bias) in results {

@@ -1,26 +1,22 @@
-//! Zero-copy host collectives: inside a [`Scope`] (like
-//! `std::thread::scope`), the engine reduces the caller's buffers in place.
+//! Asynchronous collectives: inside a [`Scope`] (like `std::thread::scope`)
+//! a rank submits operations that run while it computes, and the engine
+//! works on the caller's buffers in place.
 //!
-//! The plain `*_async` calls copy their input into the engine and the
-//! result back, because safe Rust cannot rely on a handle being dropped
-//! (it may be leaked) and the engine must never write into memory that is
-//! gone. A scope ties the borrow to itself instead: [`Kolo::scope`] returns
-//! only once the engine is done with every tensor submitted in it, whatever
-//! became of the handles, so the engine can work on the caller's memory
-//! directly — the fusion buffer is packed from it and unpacked into it.
-//! The blocking [`Kolo::allreduce`] and [`Kolo::grouped_allreduce`] run in
-//! a scope of their own.
+//! Safe Rust cannot rely on a handle being dropped (it may be leaked), and
+//! the engine must never write into memory that is gone. A scope ties the
+//! borrow to itself instead: [`Kolo::scope`] returns only once the engine
+//! is done with every tensor submitted in it, whatever became of the
+//! handles, so the engine can work on the caller's memory directly — the
+//! fusion buffer is packed from it and unpacked into it. The blocking
+//! calls on [`Kolo`] run in a scope of their own. The calls themselves
+//! live with their collectives (`crate::ops`).
 
-use crate::engine::lease::Leases;
-use crate::engine::submission::Submission;
+use crate::engine::completion::Completion;
+use crate::engine::lease::{Lease, Leases};
+use crate::engine::submission::{Input, Submission};
 use crate::error::Error;
-use crate::group::TensorGroup;
-use crate::handle::Handle;
 use crate::kolo::Kolo;
-use crate::ops::ReduceOptions;
-use crate::tensor::{shape_problem, TensorMut};
-use kolo_protocol::RequestKind;
-use kolo_transport::Element;
+use kolo_protocol::Params;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -136,127 +132,37 @@ impl Kolo {
     }
 }
 
-impl<'scope> Scope<'scope, '_> {
-    /// Submits an allreduce of `buf`, reduced in place by the engine (no
-    /// copy); the result is in `buf` once the scope has returned.
-    pub fn allreduce_async<T: Element>(
+impl<'scope, 'env> Scope<'scope, 'env> {
+    /// The engine the scope submits to.
+    pub(crate) fn kolo(&self) -> &'env Kolo {
+        self.core.kolo
+    }
+
+    /// A lease of the scope, for a submission: the scope does not end
+    /// before it is back.
+    pub(crate) fn lease(&self) -> Lease {
+        self.core.leases.lease()
+    }
+
+    /// `submission`, quiet when the scope is a blocking call's (see
+    /// `Submission::quietly`).
+    pub(crate) fn quietly<'n>(&self, submission: Submission<'n>) -> Submission<'n> {
+        submission.quietly(self.core.blocking)
+    }
+
+    /// Submits one tensor of the scope whose handle gets an output (the
+    /// engine's copy of the result).
+    pub(crate) fn submit_one(
         &self,
         name: &str,
-        buf: impl Into<TensorMut<'scope, T>>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<Handle<'scope, ()>, Error> {
-        self.grouped_allreduce_async([(name, buf.into())], options)
+        params: Params,
+        input: Input,
+    ) -> Result<Arc<Completion>, Error> {
+        let shape = params.shape.clone();
+        let mut submission = Submission::new(params, 1, true, Some(self.lease()));
+        submission.push(name, &shape, input);
+        self.core.kolo.submit(self.quietly(submission))
     }
-
-    /// Submits several allreduces together (they reach the same cycle and
-    /// fuse as far as the fusion threshold allows), reduced in place; one
-    /// handle for the group. On an error nothing is submitted.
-    pub fn grouped_allreduce_async<'n, T: Element>(
-        &self,
-        tensors: impl IntoIterator<Item = (&'n str, TensorMut<'scope, T>)>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<Handle<'scope, ()>, Error> {
-        let options = options.into();
-        let kolo = self.core.kolo;
-        let tensors = tensors.into_iter();
-        let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
-        let lease = Some(self.core.leases.lease());
-        let mut group = Submission::new(template, tensors.size_hint().0, false, lease);
-        lend_all(&mut group, tensors)?;
-        let completion = kolo.submit(group.quietly(self.core.blocking))?;
-        Ok(Handle::new(completion, |_| Ok(())))
-    }
-
-    /// Submits the allreduces of the tensors of `group`, reduced in place
-    /// (as [`Scope::grouped_allreduce_async`]): `tensors` gives one buffer
-    /// per tensor, in the group's order. The engine recognises the group
-    /// by the [`TensorGroup`] itself and reads no name, which makes this
-    /// the cheapest way to submit the same tensors step after step. A
-    /// count or shape that does not fit is an [`Error::InvalidArgument`]
-    /// naming the tensor; on an error nothing is submitted.
-    pub fn allreduce_group_async<T: Element, V: Into<TensorMut<'scope, T>>>(
-        &self,
-        group: &TensorGroup,
-        tensors: impl IntoIterator<Item = V>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<Handle<'scope, ()>, Error> {
-        let tensors = tensors.into_iter().map(Into::into);
-        self.submit_group::<T>(group, options.into(), |submission| {
-            lend_group(submission, group, tensors)
-        })
-    }
-
-    /// [`Scope::allreduce_group_async`] of plain 1-D buffers (the blocking
-    /// [`Kolo::allreduce_group`]): a slice's shape is its length, so
-    /// nothing but the count is checked, and no view is built per tensor.
-    pub(crate) fn allreduce_group_slices<T: Element>(
-        &self,
-        group: &TensorGroup,
-        tensors: &'scope mut [&mut [T]],
-        options: ReduceOptions,
-    ) -> Result<Handle<'scope, ()>, Error> {
-        self.submit_group::<T>(group, options, |submission| {
-            group.check_count(tensors.len())?;
-            for buf in tensors.iter_mut() {
-                submission.push_lent_data(&[buf.len()], buf);
-            }
-            Ok(())
-        })
-    }
-
-    /// Submits the allreduces of `group`'s tensors of `T`, whose buffers
-    /// `lend` checks and lends to the submission (nothing is submitted if
-    /// it fails).
-    fn submit_group<T: Element>(
-        &self,
-        group: &TensorGroup,
-        options: ReduceOptions,
-        lend: impl FnOnce(&mut Submission<'_>) -> Result<(), Error>,
-    ) -> Result<Handle<'scope, ()>, Error> {
-        let kolo = self.core.kolo;
-        let template = kolo.reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options);
-        let lease = Some(self.core.leases.lease());
-        let mut submission = Submission::known(template, group.list(), lease);
-        lend(&mut submission)?;
-        let completion = kolo.submit(submission.quietly(self.core.blocking))?;
-        Ok(Handle::new(completion, |_| Ok(())))
-    }
-}
-
-/// Adds the buffers `tensors` of `group`'s tensors to `submission`, lent,
-/// once [`TensorGroup::each_buffer`] checked them. Out of line, as
-/// [`lend_all`].
-#[inline(never)]
-fn lend_group<'scope, T: Element>(
-    submission: &mut Submission<'_>,
-    group: &TensorGroup,
-    tensors: impl Iterator<Item = TensorMut<'scope, T>>,
-) -> Result<(), Error> {
-    group.each_buffer(tensors, |data, shape| {
-        submission.push_lent_data(shape, data)
-    })
-}
-
-/// Adds every tensor of `tensors` to `group`, lent. Kept out of line: a
-/// loop of its own, whatever the caller's iterator (inlined into
-/// kolo-bench's step closure, it spilled its vectors' lengths to the
-/// stack on every tensor).
-#[inline(never)]
-fn lend_all<'n, 'scope, T: Element>(
-    group: &mut Submission<'n>,
-    tensors: impl Iterator<Item = (&'n str, TensorMut<'scope, T>)>,
-) -> Result<(), Error> {
-    for (name, tensor) in tensors {
-        let (data, shape) = tensor.into_parts();
-        if let Some(reason) = shape_problem(&shape, data.len()) {
-            return Err(Error::InvalidArgument {
-                tensor: name.to_owned(),
-                reason,
-            });
-        }
-        group.push_lent(name, &shape, data);
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -286,7 +192,7 @@ mod tests {
             ranks in 2usize..5,
             lens in prop::collection::vec(0usize..300, 1..12),
             threshold in prop::sample::select(vec![0usize, 64, 1 << 20]),
-            // One by one, grouped, or as a tensor group (twice: a repeat).
+            // One by one, a group made per step, or one tensor group (twice: a repeat).
             mode in 0u8..3,
         ) {
             let config = Config::default().fusion_threshold(threshold);
@@ -311,11 +217,10 @@ mod tests {
                             handles.into_iter().try_for_each(|h| h.wait())
                         }
                         1 => {
-                            let views = names
-                                .iter()
-                                .map(String::as_str)
-                                .zip(bufs.iter_mut().map(|b| TensorMut::from(&mut b[..])));
-                            s.grouped_allreduce_async(views, ReduceOp::Sum)?.wait()
+                            // A group made for this step, with shaped views.
+                            let fresh = TensorGroup::new(&names)?;
+                            let views = bufs.iter_mut().map(|b| TensorMut::from(&mut b[..]));
+                            s.allreduce_group_async(&fresh, views, ReduceOp::Sum)?.wait()
                         }
                         _ => {
                             let views = bufs.iter_mut().map(|b| &mut b[..]);

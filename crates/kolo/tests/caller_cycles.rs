@@ -102,9 +102,10 @@ fn threads_of_a_rank_that_wait_together_all_complete() {
                 let c = s.spawn(|| -> Result<(), kolo::Error> {
                     for step in 0..STEPS as i32 {
                         let mut x = vec![rank * step; 100];
-                        let handle =
-                            kolo.allreduce_async(&format!("c/{step}"), &mut x[..], ReduceOp::Max)?;
-                        handle.wait()?;
+                        let name = format!("c/{step}");
+                        kolo.scope(|s| {
+                            s.allreduce_async(&name, &mut x[..], ReduceOp::Max)?.wait()
+                        })?;
                         assert!(x.iter().all(|&v| v == (size - 1) * step), "c {step}");
                     }
                     Ok(())

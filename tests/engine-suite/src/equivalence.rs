@@ -33,11 +33,12 @@ pub fn fusion_equals_unfused(kolo: &Kolo) -> Result<Digest, Error> {
 
     let before = kolo.stats();
     let mut fused: Vec<Vec<f32>> = (0..48).map(input).collect();
-    let group = names
-        .iter()
-        .map(String::as_str)
-        .zip(fused.iter_mut().map(|b| TensorMut::from(&mut b[..])));
-    kolo.grouped_allreduce_async(group, ReduceOp::Sum)?.wait()?;
+    let group = TensorGroup::new(&names)?;
+    kolo.scope(|s| {
+        let views = fused.iter_mut().map(|b| TensorMut::from(&mut b[..]));
+        s.allreduce_group_async(&group, views, ReduceOp::Sum)?
+            .wait()
+    })?;
     let (ops, tensors, fused_ops, _) = delta(&before, &kolo.stats());
     assert_eq!(tensors, 48);
     if kolo.config().fusion_threshold > 0 {
@@ -82,24 +83,21 @@ pub fn workload(kolo: &Kolo) -> Result<Digest, Error> {
             .iter()
             .map(|&n| (0..n).map(|_| (rng.below(1000) as f32) - 500.0).collect())
             .collect();
-        let mut group: Vec<(&str, &mut [f32])> = names
-            .iter()
-            .map(String::as_str)
-            .zip(bufs.iter_mut().map(|b| &mut b[..]))
-            .collect();
-        kolo.grouped_allreduce(&mut group, ReduceOp::Average)?;
+        let mut views: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        kolo.allreduce_group(&TensorGroup::new(&names)?, &mut views, ReduceOp::Average)?;
 
         let mut singles: Vec<Vec<f32>> = (0..4)
             .map(|t| vec![(r * t + step) as f32; 10 + t])
             .collect();
-        let handles = singles
-            .iter_mut()
-            .enumerate()
-            .map(|(t, b)| kolo.allreduce_async(&format!("workload/single/{t}"), b, ReduceOp::Sum))
-            .collect::<Result<Vec<_>, _>>()?;
-        for h in handles {
-            h.wait()?;
-        }
+        let single_names: Vec<String> = (0..4).map(|t| format!("workload/single/{t}")).collect();
+        kolo.scope(|s| {
+            let handles = single_names
+                .iter()
+                .zip(singles.iter_mut())
+                .map(|(name, b)| s.allreduce_async(name, b, ReduceOp::Sum))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles.into_iter().try_for_each(|h| h.wait())
+        })?;
         let gathered = kolo.allgather("workload/gather", &vec![step as f32; r + 1])?;
         for result in bufs.iter().chain(&singles).chain([&gathered]) {
             bits.extend(result.iter().map(|v| u64::from(v.to_bits())));
@@ -132,12 +130,14 @@ pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
     let names: Vec<String> = (0..TENSORS).map(|t| format!("warm/{t}")).collect();
     let mut bufs: Vec<Vec<f32>> = (0..TENSORS).map(|t| vec![1.0; 1 + t * 3]).collect();
     let mut step = || {
-        let handles = names
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
-            .collect::<Result<Vec<_>, _>>()?;
-        handles.into_iter().try_for_each(|h| h.wait())
+        kolo.scope(|s| {
+            let handles = names
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(name, buf)| s.allreduce_async(name, buf, ReduceOp::Sum))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles.into_iter().try_for_each(|h| h.wait())
+        })
     };
     // Two cold steps fill the cache on every rank.
     step()?;
@@ -203,12 +203,14 @@ pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
             .collect();
         let mut extra = vec![r as f32; 5];
         if (step + r) % 4 == 3 {
-            let handles = names
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(name, buf)| kolo.allreduce_async(name, buf, ReduceOp::Sum))
-                .collect::<Result<Vec<_>, _>>()?;
-            handles.into_iter().try_for_each(|h| h.wait())?;
+            kolo.scope(|s| {
+                let handles = names
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(name, buf)| s.allreduce_async(name, buf, ReduceOp::Sum))
+                    .collect::<Result<Vec<_>, _>>()?;
+                handles.into_iter().try_for_each(|h| h.wait())
+            })?;
             if step == 7 {
                 kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
             }
@@ -219,15 +221,14 @@ pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
                 kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
             }
         } else {
-            let mut group: Vec<(&str, &mut [f32])> = names
-                .iter()
-                .map(String::as_str)
-                .zip(bufs.iter_mut().map(|b| &mut b[..]))
-                .collect();
+            // A group made for this step (one tensor more in the last).
+            let mut step_names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let mut views: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
             if step == 7 {
-                group.push(("repeat/extra", &mut extra[..]));
+                step_names.push("repeat/extra");
+                views.push(&mut extra[..]);
             }
-            kolo.grouped_allreduce(&mut group, ReduceOp::Sum)?;
+            kolo.allreduce_group(&TensorGroup::new(&step_names)?, &mut views, ReduceOp::Sum)?;
         }
         for (t, buf) in bufs.iter().enumerate() {
             for (i, &got) in buf.iter().enumerate() {

@@ -14,7 +14,7 @@ const MAIN: &[Case] = &[
     Case::new("broadcast", ops::broadcasts),
     Case::new("reduce_scatter", ops::reduce_scatters),
     Case::new("alltoall", ops::alltoalls),
-    Case::new("grouped_owned_and_barrier", ops::grouped_owned_and_barrier),
+    Case::new("group_and_barrier", ops::group_and_barrier),
     Case::new(
         "shuffled_submission_orders",
         ops::shuffled_submission_orders,
@@ -26,7 +26,7 @@ const MAIN: &[Case] = &[
     Case::new("several_user_threads", ops::several_user_threads),
     Case::new("scoped_allreduces", ops::scoped_allreduces),
     Case::new("tensor_groups", ops::tensor_groups),
-    Case::new("copying_groups", ops::copying_groups),
+    Case::new("group_rules", ops::group_rules),
     Case::new("mismatch_matrix", mismatch::the_mismatch_matrix),
     Case::new(
         "name_in_flight_rejected",

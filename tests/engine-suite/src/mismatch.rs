@@ -145,36 +145,28 @@ pub fn a_name_in_flight_is_rejected(kolo: &Kolo) -> Result<Digest, Error> {
     let n = kolo.size() as i32;
     let mut a = [1i32; 4];
     let mut b = [1i32; 4];
-    let first = kolo.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
-    let err = expect_err(
-        kolo.allreduce_async("dup", &mut b, ReduceOp::Sum),
-        "duplicate",
-    );
-    assert_eq!(
-        err,
-        Error::DuplicateName {
-            tensor: "dup".into()
-        }
-    );
-    assert!(err.to_string().contains("'dup'"));
-    // A group naming a tensor twice is rejected whole.
-    let mut c = [0i32; 1];
-    let mut d = [0i32; 1];
-    let err = expect_err(
-        kolo.grouped_allreduce(
-            &mut [("twice", &mut c[..]), ("twice", &mut d[..])],
-            ReduceOp::Sum,
-        ),
-        "group",
-    );
-    assert_eq!(
-        err,
-        Error::DuplicateName {
-            tensor: "twice".into()
-        }
-    );
-    first.wait()?;
+    kolo.scope(|s| {
+        let first = s.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
+        let err = expect_err(s.allreduce_async("dup", &mut b, ReduceOp::Sum), "duplicate");
+        assert_eq!(
+            err,
+            Error::DuplicateName {
+                tensor: "dup".into()
+            }
+        );
+        assert!(err.to_string().contains("'dup'"));
+        first.wait()
+    })?;
     assert_eq!(a, [n; 4]);
+    // A group naming a tensor twice is refused when it is made.
+    let err = expect_err(TensorGroup::new(["twice", "twice"]), "group");
+    match &err {
+        Error::InvalidArgument { tensor, reason } => {
+            assert_eq!(tensor, "twice");
+            assert!(reason.contains("named twice"), "{reason}");
+        }
+        other => panic!("expected an invalid argument, got {other:?}"),
+    }
     // Once complete, the name is free again.
     kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
     assert_eq!(b, [n; 4]);

@@ -131,20 +131,25 @@ pub fn alltoalls(kolo: &Kolo) -> Result<Digest, Error> {
     Ok(None)
 }
 
-/// A grouped allreduce, an owned allreduce and a barrier.
-pub fn grouped_owned_and_barrier(kolo: &Kolo) -> Result<Digest, Error> {
+/// A group of tensors made for one call, 1-D and shaped, and a barrier.
+pub fn group_and_barrier(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i32, kolo.size() as i32);
     let mut a = vec![r; 10];
     let mut b = vec![2 * r; 3];
-    kolo.grouped_allreduce(
-        &mut [("g/a", &mut a[..]), ("g/b", &mut b[..])],
-        ReduceOp::Sum,
-    )?;
+    let group = TensorGroup::new(["g/a", "g/b"])?;
+    kolo.allreduce_group(&group, &mut [&mut a[..], &mut b[..]], ReduceOp::Sum)?;
     assert_eq!(a, vec![n * (n - 1) / 2; 10]);
     assert_eq!(b, vec![n * (n - 1); 3]);
-    let owned = kolo.allreduce_owned("owned", vec![1i64; 4], ReduceOp::Sum)?;
-    assert_eq!(owned, vec![n as i64; 4]);
+    let mut c = vec![1i64; 6];
+    let shaped = TensorGroup::new(["g/c"])?;
+    kolo.scope(|s| {
+        let views = [TensorMut::with_shape(&mut c[..], [3, 2])];
+        s.allreduce_group_async(&shaped, views, ReduceOp::Sum)?
+            .wait()
+    })?;
+    assert_eq!(c, vec![n as i64; 6]);
     kolo.barrier()?;
+    kolo.scope(|s| s.barrier_async()?.wait())?;
     Ok(None)
 }
 
@@ -182,21 +187,25 @@ pub fn shuffled_submission_orders(kolo: &Kolo) -> Result<Digest, Error> {
         let mut order: Vec<usize> = (0..12).collect();
         rng.shuffle(&mut order);
         let mut bufs: Vec<Vec<i64>> = (0..12).map(|t| vec![(r * t) as i64; t + 1]).collect();
-        let mut gathers = Vec::new();
-        let mut reduces = Vec::new();
-        for (t, buf) in order.iter().copied().zip(shuffle_refs(&mut bufs, &order)) {
-            if t % 4 == 3 {
-                let local = vec![t as i64; r + 1];
-                gathers.push((t, kolo.allgather_async(&format!("r{round}/g{t}"), &local)?));
+        let locals: Vec<Vec<i64>> = (0..12).map(|t| vec![t as i64; r + 1]).collect();
+        kolo.scope(|s| {
+            let mut gathers = Vec::new();
+            let mut reduces = Vec::new();
+            for (t, buf) in order.iter().copied().zip(shuffle_refs(&mut bufs, &order)) {
+                if t % 4 == 3 {
+                    let name = format!("r{round}/g{t}");
+                    gathers.push((t, s.allgather_async(&name, &locals[t])?));
+                }
+                reduces.push(s.allreduce_async(&format!("r{round}/t{t}"), buf, ReduceOp::Sum)?);
             }
-            reduces.push(kolo.allreduce_async(&format!("r{round}/t{t}"), buf, ReduceOp::Sum)?);
-        }
-        for h in reduces {
-            h.wait()?;
-        }
-        for (t, h) in gathers {
-            assert_eq!(h.wait()?, vec![t as i64; n * (n + 1) / 2]);
-        }
+            for h in reduces {
+                h.wait()?;
+            }
+            for (t, h) in gathers {
+                assert_eq!(h.wait()?, vec![t as i64; n * (n + 1) / 2]);
+            }
+            Ok::<(), Error>(())
+        })?;
         for (t, buf) in bufs.iter().enumerate() {
             assert_eq!(
                 buf,
@@ -219,47 +228,53 @@ pub fn handles_wait_poll_and_await(kolo: &Kolo) -> Result<Digest, Error> {
     let n = kolo.size() as i32;
     // poll until done.
     let mut a = vec![1i32; 100];
-    let mut h = kolo.allreduce_async("poll", &mut a, ReduceOp::Sum)?;
-    let result = loop {
-        if let Some(result) = h.poll() {
-            break result;
-        }
-        std::thread::yield_now();
-    };
-    result?;
-    assert!(h.is_complete());
-    assert!(
-        h.poll().is_some_and(|r| r.is_err()),
-        "a spent handle says so"
-    );
-    drop(h);
+    kolo.scope(|s| {
+        let mut h = s.allreduce_async("poll", &mut a, ReduceOp::Sum)?;
+        let result = loop {
+            if let Some(result) = h.poll() {
+                break result;
+            }
+            std::thread::yield_now();
+        };
+        result?;
+        assert!(h.is_complete());
+        assert!(
+            h.poll().is_some_and(|r| r.is_err()),
+            "a spent handle says so"
+        );
+        Ok::<(), Error>(())
+    })?;
     assert_eq!(a, vec![n; 100]);
 
     // .await
     let mut b = vec![2i32; 10];
-    futures_executor::block_on(kolo.allreduce_async("await", &mut b, ReduceOp::Sum)?)?;
+    let gathered = kolo.scope(|s| {
+        futures_executor::block_on(s.allreduce_async("await", &mut b, ReduceOp::Sum)?)?;
+        futures_executor::block_on(s.allgather_async("await/g", &[kolo.rank() as u8])?)
+    })?;
     assert_eq!(b, vec![2 * n; 10]);
-    let gathered =
-        futures_executor::block_on(kolo.allgather_async("await/g", &[kolo.rank() as u8])?)?;
     assert_eq!(gathered, (0..n as u8).collect::<Vec<_>>());
 
-    // Dropped and forgotten handles: the operation runs, the buffer is
-    // untouched, and the name is free again afterwards.
-    let mut c = vec![5i32; 4];
-    drop(kolo.allreduce_async("dropped", &mut c, ReduceOp::Sum)?);
-    std::mem::forget(kolo.allreduce_async("forgotten", &mut c, ReduceOp::Sum)?);
-    c.fill(0);
-    kolo.barrier()?;
-    assert_eq!(c, vec![0; 4]);
+    // Dropped and forgotten handles: the operation still runs, the scope
+    // waits for it, and the name is free again afterwards.
+    let (mut c, mut c2) = (vec![5i32; 4], vec![6i32; 4]);
+    let mut root = vec![kolo.rank() as i32; 3];
+    kolo.scope(|s| {
+        drop(s.allreduce_async("dropped", &mut c, ReduceOp::Sum)?);
+        std::mem::forget(s.allreduce_async("forgotten", &mut c2, ReduceOp::Sum)?);
+        drop(s.broadcast_async("dropped/b", &mut root, 0)?);
+        Ok::<(), Error>(())
+    })?;
+    assert_eq!((c, c2), (vec![5 * n; 4], vec![6 * n; 4]));
     let mut d = vec![1i32; 4];
     kolo.allreduce("dropped", &mut d, ReduceOp::Sum)?;
     assert_eq!(d, vec![n; 4]);
     Ok(None)
 }
 
-/// Zero-copy allreduces in a `Kolo::scope`: async and grouped handles,
-/// one handle forgotten, mixed with a copying async allreduce; every
-/// result is in the caller's buffers once the scope returned.
+/// Zero-copy allreduces in a `Kolo::scope`: async and group handles,
+/// one handle forgotten, mixed with a broadcast; every result is in the
+/// caller's buffers once the scope returned.
 pub fn scoped_allreduces(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
     let mut a = vec![r + 1; 1000];
@@ -268,13 +283,15 @@ pub fn scoped_allreduces(kolo: &Kolo) -> Result<Digest, Error> {
     let mut c = vec![r as u8; 17];
     let mut d = vec![r as i32; 1 << 17];
     let mut copied = vec![r as i16; 9];
+    let b_group = TensorGroup::new(["scoped/b", "scoped/b2"])?;
     let forgotten = kolo.scope(|s| {
-        let copying = kolo.allreduce_async("scoped/copied", &mut copied, ReduceOp::Max)?;
+        let copying = s.broadcast_async("scoped/copied", &mut copied, n as usize - 1)?;
         let ha = s.allreduce_async("scoped/a", &mut a, ReduceOp::Sum)?;
-        let group = s.grouped_allreduce_async(
+        let group = s.allreduce_group_async(
+            &b_group,
             [
-                ("scoped/b", TensorMut::from(&mut b[..])),
-                ("scoped/b2", TensorMut::with_shape(&mut b2[..], [2, 2])),
+                TensorMut::from(&mut b[..]),
+                TensorMut::with_shape(&mut b2[..], [2, 2]),
             ],
             ReduceOp::Sum,
         );
@@ -346,77 +363,59 @@ pub fn tensor_groups(kolo: &Kolo) -> Result<Digest, Error> {
     Ok(None)
 }
 
-/// Copying grouped allreduces (`Kolo::grouped_allreduce_async`, which
-/// stages the group in one buffer of the engine's): the results land when
-/// the handle is waited on, whatever the shapes (an empty tensor too); a
-/// forgotten handle leaves the caller's buffer as it was; and a group with
-/// a tensor the ranks disagree on fails naming it, leaving it untouched
-/// and writing back the others.
-/// Then a [`TensorGroup`] the same way (`Kolo::allreduce_group_async`),
-/// step after step, and a submission of too few buffers refused.
-pub fn copying_groups(kolo: &Kolo) -> Result<Digest, Error> {
+/// Groups made per call, whatever the shapes (an empty tensor too),
+/// in a scope and blocking; a group with a tensor the ranks disagree on
+/// fails naming it, leaving it untouched and delivering the others; a
+/// [`TensorGroup`] step after step; a submission of too few buffers
+/// refused.
+pub fn group_rules(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i64, kolo.size() as i64);
     let (mut a, mut b, mut empty) = (vec![r; 5], vec![2 * r; 6], Vec::<i64>::new());
-    let handle = kolo.grouped_allreduce_async(
-        [
-            ("copied/a", TensorMut::from(&mut a[..])),
-            ("copied/b", TensorMut::with_shape(&mut b[..], [2, 3])),
-            ("copied/empty", TensorMut::from(&mut empty[..])),
-        ],
-        ReduceOp::Sum,
-    )?;
-    handle.wait()?;
+    let group = TensorGroup::new(["made/a", "made/b", "made/empty"])?;
+    kolo.scope(|s| {
+        let views = [
+            TensorMut::from(&mut a[..]),
+            TensorMut::with_shape(&mut b[..], [2, 3]),
+            TensorMut::from(&mut empty[..]),
+        ];
+        s.allreduce_group_async(&group, views, ReduceOp::Sum)?
+            .wait()
+    })?;
     assert_eq!(a, vec![n * (n - 1) / 2; 5]);
     assert_eq!(b, vec![n * (n - 1); 6]);
-    let mut kept = vec![1i64; 7];
-    std::mem::forget(kolo.grouped_allreduce_async(
-        [("copied/forgotten", TensorMut::from(&mut kept[..]))],
-        ReduceOp::Sum,
-    )?);
-    kolo.barrier()?;
-    assert_eq!(kept, vec![1; 7], "a forgotten handle writes nothing back");
     if n > 1 {
         let mut fine = vec![1i64; 3];
         let mut uneven = vec![1i64; 3 + kolo.rank()];
-        let failed = kolo
-            .grouped_allreduce_async(
-                [
-                    ("copied/fine", TensorMut::from(&mut fine[..])),
-                    ("copied/uneven", TensorMut::from(&mut uneven[..])),
-                ],
-                ReduceOp::Sum,
-            )?
-            .wait();
+        let group = TensorGroup::new(["made/fine", "made/uneven"])?;
+        let failed =
+            kolo.allreduce_group(&group, &mut [&mut fine[..], &mut uneven[..]], ReduceOp::Sum);
         let failed = expect_err(failed, "a group with a length that differs between ranks");
         assert!(
-            matches!(failed, Error::Mismatch { .. })
-                && failed.to_string().contains("copied/uneven"),
+            matches!(failed, Error::Mismatch { .. }) && failed.to_string().contains("made/uneven"),
             "{failed}"
         );
-        assert_eq!(
-            fine,
-            vec![n; 3],
-            "a group's tensors that were reduced are written back"
-        );
+        assert_eq!(fine, vec![n; 3], "a group's other tensors are reduced");
         assert_eq!(
             uneven,
             vec![1; 3 + kolo.rank()],
             "the refused tensor is untouched"
         );
     }
-    let group = TensorGroup::new(["copied/g0", "copied/g1"])?;
+    let group = TensorGroup::new(["made/g0", "made/g1"])?;
     for step in 0..3 {
         let (mut g0, mut g1) = (vec![r + step; 4], vec![1i64; 9]);
-        kolo.allreduce_group_async(&group, [&mut g0[..], &mut g1[..]], ReduceOp::Sum)?
-            .wait()?;
+        kolo.scope(|s| {
+            s.allreduce_group_async(&group, [&mut g0[..], &mut g1[..]], ReduceOp::Sum)?
+                .wait()
+        })?;
         assert_eq!(g0, vec![n * (n - 1) / 2 + n * step; 4], "step {step}");
         assert_eq!(g1, vec![n; 9], "step {step}");
     }
     let mut one = [0i64; 4];
-    let few = kolo.allreduce_group_async(&group, [&mut one[..]], ReduceOp::Sum);
-    let few = expect_err(few.map(drop), "too few buffers");
+    let few = kolo.allreduce_group(&group, &mut [&mut one[..]], ReduceOp::Sum);
+    let few = expect_err(few, "too few buffers");
     assert!(
-        matches!(&few, Error::InvalidArgument { tensor, reason } if tensor == "copied/g0" && reason.contains("2 tensors got 1 buffers")),
+        matches!(&few, Error::InvalidArgument { tensor, reason } if tensor == "made/g0" && reason.contains("2 tensors got 1 buffers")),
         "{few:?}"
     );
     Ok(None)

@@ -21,22 +21,18 @@ const STEPS: usize = 3;
 pub(crate) enum Style {
     /// `Kolo::allreduce`, one tensor at a time.
     Single,
-    /// `Kolo::grouped_allreduce`.
+    /// `Kolo::allreduce_group` with a [`TensorGroup`] made for the call.
     Grouped,
-    /// `Kolo::allreduce_group` with a [`TensorGroup`].
+    /// `Kolo::allreduce_group` with the plan's [`TensorGroup`], kept
+    /// from step to step.
     Group,
     /// `Scope::allreduce_async` per tensor.
     ScopedEach,
-    /// `Scope::grouped_allreduce_async`.
+    /// `Scope::allreduce_group_async` with a [`TensorGroup`] made for the
+    /// call, of shaped views.
     ScopedGrouped,
-    /// `Scope::allreduce_group_async`.
+    /// `Scope::allreduce_group_async` with the plan's [`TensorGroup`].
     ScopedGroup,
-    /// `Kolo::allreduce_async` per tensor (copying).
-    CopyEach,
-    /// `Kolo::grouped_allreduce_async` (copying).
-    CopyGrouped,
-    /// `Kolo::allreduce_group_async` (copying).
-    CopyGroup,
 }
 
 impl Style {
@@ -44,14 +40,8 @@ impl Style {
     pub(crate) const BLOCKING: [Style; 3] = [Style::Single, Style::Grouped, Style::Group];
 
     /// The calls that return a handle.
-    pub(crate) const ASYNC: [Style; 6] = [
-        Style::ScopedEach,
-        Style::ScopedGrouped,
-        Style::ScopedGroup,
-        Style::CopyEach,
-        Style::CopyGrouped,
-        Style::CopyGroup,
-    ];
+    pub(crate) const ASYNC: [Style; 3] =
+        [Style::ScopedEach, Style::ScopedGrouped, Style::ScopedGroup];
 
     #[cfg(test)]
     fn is_blocking(self) -> bool {
@@ -121,8 +111,6 @@ fn fixed_plans(n: usize) -> Vec<Plan> {
         Style::Group,
         Style::ScopedGrouped,
         Style::ScopedGroup,
-        Style::CopyGrouped,
-        Style::CopyGroup,
     ] {
         for other in [&last_first, &back_to_front] {
             // Rank 1 (or the last rank) reduces in its own order; the
@@ -259,8 +247,8 @@ pub(crate) fn submit_plan(
                     }
                 }
                 Style::Grouped => {
-                    let mut pairs: Vec<(&str, &mut [f32])> = names_of().zip(views).collect();
-                    note(kolo.grouped_allreduce(&mut pairs, op));
+                    let made = TensorGroup::new(names_of())?;
+                    note(kolo.allreduce_group(&made, &mut views, op));
                 }
                 Style::Group => note(kolo.allreduce_group(group, &mut views, op)),
                 Style::ScopedEach => {
@@ -269,20 +257,14 @@ pub(crate) fn submit_plan(
                     }
                 }
                 Style::ScopedGrouped => {
-                    let named = names_of().zip(views.into_iter().map(TensorMut::from));
-                    handles.push(scope.grouped_allreduce_async(named, op)?);
+                    let made = TensorGroup::new(names_of())?;
+                    let shaped = views.into_iter().map(|v| {
+                        let len = v.len();
+                        TensorMut::with_shape(v, [len])
+                    });
+                    handles.push(scope.allreduce_group_async(&made, shaped, op)?);
                 }
                 Style::ScopedGroup => handles.push(scope.allreduce_group_async(group, views, op)?),
-                Style::CopyEach => {
-                    for (name, view) in names_of().zip(views) {
-                        handles.push(kolo.allreduce_async(name, view, op)?);
-                    }
-                }
-                Style::CopyGrouped => {
-                    let named = names_of().zip(views.into_iter().map(TensorMut::from));
-                    handles.push(kolo.grouped_allreduce_async(named, op)?);
-                }
-                Style::CopyGroup => handles.push(kolo.allreduce_group_async(group, views, op)?),
             }
         }
         for handle in handles {

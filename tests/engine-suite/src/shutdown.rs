@@ -15,14 +15,19 @@ pub fn shutdown_fails_pending_handles(kolo: &Kolo) -> Result<Digest, Error> {
         kolo.shutdown()?;
         kolo.shutdown()?; // idempotent
     } else {
-        let pending = kolo.allreduce_async("pending", &mut x, ReduceOp::Sum)?;
-        kolo.barrier()?;
-        let err = expect_err(pending.wait(), "rank 0 never submits 'pending'");
-        assert_eq!(err, expected);
-        assert_eq!(
-            err.to_string(),
-            "kolo was shut down at the request of rank 0"
-        );
+        // The scope ends once the shutdown failed its pending tensor.
+        kolo.scope(|s| {
+            let pending = s.allreduce_async("pending", &mut x, ReduceOp::Sum)?;
+            kolo.barrier()?;
+            let err = expect_err(pending.wait(), "rank 0 never submits 'pending'");
+            assert_eq!(err, expected);
+            assert_eq!(
+                err.to_string(),
+                "kolo was shut down at the request of rank 0"
+            );
+            Ok::<(), Error>(())
+        })?;
+        assert_eq!(x, [1; 4], "a failed tensor is untouched");
     }
     assert!(kolo.is_shut_down());
     let later = kolo.allreduce("after", &mut x, ReduceOp::Sum);

@@ -3,7 +3,7 @@
 //! shape, and cycle marks.
 
 use crate::Digest;
-use kolo::{Error, Kolo, ReduceOp, TensorMut};
+use kolo::{Error, Kolo, ReduceOp, TensorGroup, TensorMut};
 use serde_json::Value;
 use std::path::Path;
 
@@ -14,15 +14,16 @@ pub fn operations(kolo: &Kolo) -> Result<Digest, Error> {
     let mut a = vec![1.0f32; 6];
     let mut b = vec![2.0f32; 3];
     let mut c = vec![3.0f32; 5];
-    kolo.grouped_allreduce_async(
-        [
-            ("timeline/a", TensorMut::with_shape(&mut a, [2, 3])),
-            ("timeline/b", TensorMut::from(&mut b)),
-            ("timeline/c", TensorMut::from(&mut c)),
-        ],
-        ReduceOp::Sum,
-    )?
-    .wait()?;
+    let group = TensorGroup::new(["timeline/a", "timeline/b", "timeline/c"])?;
+    kolo.scope(|s| {
+        let views = [
+            TensorMut::with_shape(&mut a, [2, 3]),
+            TensorMut::from(&mut b),
+            TensorMut::from(&mut c),
+        ];
+        s.allreduce_group_async(&group, views, ReduceOp::Sum)?
+            .wait()
+    })?;
     assert_eq!(a, vec![kolo.size() as f32; 6]);
     let gathered = kolo.allgather("timeline/gathered", &vec![r as i32; r + 1])?;
     assert_eq!(gathered.len(), kolo.size() * (kolo.size() + 1) / 2);

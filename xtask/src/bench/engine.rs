@@ -82,15 +82,10 @@ pub(crate) const UNFUSED: &[&str] = &["--fusion-threshold", "0"];
 
 /// The ways of submitting a step: kolo-bench's flags and what they mean.
 const MODES: &[(&[&str], &str)] = &[
-    (&[], "1,000 separate `allreduce_async` (copying)"),
-    (&["--grouped"], "one `grouped_allreduce_async` (copying)"),
+    (&[], "1,000 `allreduce_async` in a scope"),
     (
-        &["--scoped"],
-        "1,000 `allreduce_async` in a scope (zero-copy)",
-    ),
-    (
-        &["--scoped", "--grouped"],
-        "one grouped call in a scope (zero-copy)",
+        &["--grouped"],
+        "one `TensorGroup` made per step, `allreduce_group_async` in a scope",
     ),
     (
         &["--tensor-group"],
@@ -193,10 +188,10 @@ mod tests {
 
     #[test]
     fn the_step_is_one_thousand_tensors_of_4_kib() {
-        let args = step_args(40, 5, &["--scoped", "--grouped"]);
+        let args = step_args(40, 5, &["--grouped"]);
         let text = args.join(" ");
         assert!(text.contains("--tensors 1000 --min-bytes 4000K --max-bytes 4000K"));
-        assert!(text.ends_with("--iters 40 --warmup 5 --scoped --grouped"));
+        assert!(text.ends_with("--iters 40 --warmup 5 --grouped"));
         // kolo-bench prints the step's row under its byte count.
         assert_eq!(4000 * 1024, STEP_BYTES);
     }
@@ -206,7 +201,9 @@ mod tests {
         let times = vec![(vec![100.0, 300.0], vec![1000.0, 1000.0]); MODES.len()];
         let text = summary(&times, &[6.0, 8.0], 2, 40);
         assert_eq!(text.matches("| 200 | 1000 | 5.00x |").count(), MODES.len());
-        assert!(text.contains("| one grouped call in a scope (zero-copy) | `--scoped --grouped` |"));
+        assert!(text.contains(
+            "| one `TensorGroup` made per step, `allreduce_group_async` in a scope | `--grouped` |"
+        ));
         assert!(
             text.ends_with("7.00 us (median of 2 repetition(s))"),
             "{text}"

@@ -59,7 +59,7 @@ fn run(root: &Path, flags: &Flags, out: PathBuf) -> Result<()> {
     session.say(&format!("# base: {}", base.display()))?;
     session.say(&format!("# new:  {}", new.display()))?;
     session.say("# round: base fused, base unfused, new fused, new unfused (us)")?;
-    let fused = step_args(iters, warmup, &["--scoped", "--grouped"]);
+    let fused = step_args(iters, warmup, &["--grouped"]);
     let mut unfused = fused.clone();
     unfused.extend(UNFUSED.iter().map(|s| s.to_string()));
     let mut all: Vec<Round> = Vec::new();

@@ -97,7 +97,7 @@ fn run(root: &Path, flags: &Flags, out: PathBuf) -> Result<()> {
             )?;
             Ok((f, u))
         };
-        let grouped = step(&["--scoped", "--grouped"])?;
+        let grouped = step(&["--grouped"])?;
         let group = step(&["--tensor-group"])?;
         let r = Round {
             floor,

@@ -72,16 +72,10 @@ pub fn fields(args: &Args, plan: &Plan, engine: Option<&EngineOptions>) -> Vec<(
     }
     if let Some(options) = engine {
         let submission = options.submission;
-        let how = match (
-            submission.tensor_group,
-            submission.scoped,
-            submission.grouped,
-        ) {
-            (true, _, _) => "--tensor-group",
-            (false, true, true) => "--scoped --grouped",
-            (false, true, false) => "--scoped",
-            (false, false, true) => "--grouped",
-            (false, false, false) => "one tensor at a time",
+        let how = match (submission.tensor_group, submission.grouped) {
+            (true, _) => "--tensor-group",
+            (false, true) => "--grouped",
+            (false, false) => "one tensor at a time",
         };
         fields.extend([
             ("--tensors", options.tensors.to_string()),

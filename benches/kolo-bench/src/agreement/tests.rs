@@ -54,7 +54,7 @@ fn the_issues_mismatches_name_both_values_and_ranks() {
         err.contains("--tensors: rank 0 has 2, rank 1 has 1"),
         "{err}"
     );
-    let err = disagreement(&["--engine", "--scoped"], &["--engine", "--grouped"]);
+    let err = disagreement(&["--engine", "--tensor-group"], &["--engine", "--grouped"]);
     assert!(err.contains("submission"), "{err}");
     let err = disagreement(&["--no-check"], &[]);
     assert!(

@@ -10,7 +10,7 @@
 //!   next to the plain-MPI baseline;
 //! - engine mode: the tool's buffers (receive buffer, allgather's input,
 //!   reduce-scatter's and alltoall's staged inputs, gathered outputs), the
-//!   engine's copy of the inputs and of the results (none for a scoped
+//!   engine's copy of the inputs and of the results (none for an
 //!   allreduce, reduced in place), and a fusion buffer up to the fusion
 //!   threshold;
 //! - in both, one more buffer of the larger of send and receive for the
@@ -122,7 +122,8 @@ fn engine_bytes(spec: &Spec, options: &EngineOptions, elem: u64) -> Option<u64> 
         BenchOp::Reducescatter => bytes_of(&[send, recv], elem)?,
         BenchOp::Sendrecv => 0,
     };
-    let in_place = spec.op == BenchOp::Allreduce && options.submission.scoped;
+    // Allreduces work on the tool's buffers in place; the others copy.
+    let in_place = spec.op == BenchOp::Allreduce;
     let copies = if in_place {
         0
     } else {
@@ -155,11 +156,11 @@ mod tests {
         }
     }
 
-    fn engine(scoped: bool) -> EngineOptions {
+    fn engine(grouped: bool) -> EngineOptions {
         EngineOptions {
             tensors: 1,
             submission: Submission {
-                scoped,
+                grouped,
                 ..Submission::default()
             },
             config: kolo::Config::default().fusion_threshold(1 << 20),
@@ -197,10 +198,10 @@ mod tests {
     }
 
     #[test]
-    fn engine_mode_counts_its_copies_unless_in_place() {
-        let plan = plan(vec![BenchOp::Allreduce], 64 << 20);
-        let need = |scoped| {
-            let options = engine(scoped);
+    fn engine_mode_counts_copies_only_where_the_op_copies() {
+        let need = |op| {
+            let plan = plan(vec![op], 64 << 20);
+            let options = engine(false);
             Footprint {
                 plan: &plan,
                 ranks: 2,
@@ -210,17 +211,12 @@ mod tests {
             .need_per_rank()
             .unwrap()
         };
-        // Buffer + scratch + fusion buffer; + copy in and out.
-        assert!(
-            (129 * MIB..130 * MIB).contains(&need(true)),
-            "{}",
-            need(true)
-        );
-        assert!(
-            (257 * MIB..258 * MIB).contains(&need(false)),
-            "{}",
-            need(false)
-        );
+        // Allreduce in place: buffer + scratch + fusion buffer.
+        let allreduce = need(BenchOp::Allreduce);
+        assert!((129 * MIB..130 * MIB).contains(&allreduce), "{allreduce}");
+        // Broadcast copies in and out: + 2 x 64 MiB.
+        let broadcast = need(BenchOp::Broadcast);
+        assert!((257 * MIB..258 * MIB).contains(&broadcast), "{broadcast}");
     }
 
     #[test]
@@ -268,8 +264,8 @@ mod tests {
     proptest! {
         /// More bytes never need less memory, and the count never panics.
         #[test]
-        fn the_need_grows_with_the_size(max in 8usize..1 << 40, ranks in 1usize..9, op_i in 0usize..6, scoped: bool, direct: bool) {
-            let options = engine(scoped);
+        fn the_need_grows_with_the_size(max in 8usize..1 << 40, ranks in 1usize..9, op_i in 0usize..6, grouped: bool, direct: bool) {
+            let options = engine(grouped);
             let footprint = |max| {
                 let plan = plan(vec![BenchOp::ALL[op_i]], max);
                 Footprint { plan: &plan, ranks, direct, engine: (!direct).then_some(&options) }.need_per_rank()

@@ -240,6 +240,11 @@ impl<'a, T: Element> CudaRef<'a, T> {
         self.source
     }
 
+    /// `span` of `source` (see [`crate::UntrackedSpace`]).
+    pub(crate) fn borrowing(source: &'a dyn ReadSource, span: Span) -> Self {
+        Self::over(source, span)
+    }
+
     pub(crate) fn span(&self) -> Span {
         self.span
     }
@@ -251,12 +256,31 @@ impl<'a, T: Element> From<&'a CudaSlice<T>> for CudaRef<'a, T> {
     }
 }
 
+/// What the pieces of one writable view share: a source made for the
+/// view (a cudarc view behind a lock), or one that outlives it (an
+/// [`UntrackedSpace`](crate::UntrackedSpace), whose views cost no
+/// allocation).
+#[derive(Clone)]
+enum MutSource<'a> {
+    Shared(Arc<dyn WriteSource + 'a>),
+    Borrowed(&'a dyn WriteSource),
+}
+
+impl MutSource<'_> {
+    fn get(&self) -> &dyn WriteSource {
+        match self {
+            MutSource::Shared(source) => &**source,
+            MutSource::Borrowed(source) => *source,
+        }
+    }
+}
+
 /// A writable view of `len` elements of `T` in CUDA memory: `&mut [T]` on
 /// the device, [`crate::Cuda`]'s `Mut`. Borrows its cudarc buffer
 /// uniquely; [`CudaMut::split_at_mut`] cuts it into disjoint pieces that
 /// share the borrow.
 pub struct CudaMut<'a, T> {
-    source: Arc<dyn WriteSource + 'a>,
+    source: MutSource<'a>,
     span: Span,
     _elem: PhantomData<&'a mut [T]>,
 }
@@ -273,11 +297,21 @@ impl<T: Element> std::fmt::Debug for CudaMut<'_, T> {
 
 impl<'a, T: Element> CudaMut<'a, T> {
     fn over(source: Arc<dyn WriteSource + 'a>, span: Span) -> Self {
+        Self::within(MutSource::Shared(source), span)
+    }
+
+    fn within(source: MutSource<'a>, span: Span) -> Self {
         CudaMut {
             source,
             span,
             _elem: PhantomData,
         }
+    }
+
+    /// `span` of `source`, a source that outlives the view (see
+    /// [`crate::UntrackedSpace`]).
+    pub(crate) fn borrowing(source: &'a dyn WriteSource, span: Span) -> Self {
+        Self::within(MutSource::Borrowed(source), span)
     }
 
     /// All of `buf`.
@@ -324,25 +358,25 @@ impl<'a, T: Element> CudaMut<'a, T> {
     pub fn split_at_mut(self, at: usize) -> (Self, Self) {
         let (head, tail) = self.span.split_at(at);
         (
-            Self::over(Arc::clone(&self.source), head),
-            Self::over(self.source, tail),
+            Self::within(self.source.clone(), head),
+            Self::within(self.source, tail),
         )
     }
 
     /// A read-only view of the same elements, for as long as this one is
     /// borrowed.
     pub fn freeze(&self) -> CudaRef<'_, T> {
-        CudaRef::over(self.source.as_read(), self.span)
+        CudaRef::over(self.source.get().as_read(), self.span)
     }
 
     /// A writable view of the same elements, for as long as this one is
     /// borrowed.
     pub fn reborrow(&mut self) -> CudaMut<'_, T> {
-        CudaMut::over(self.source.clone(), self.span)
+        CudaMut::within(self.source.clone(), self.span)
     }
 
     pub(crate) fn source(&self) -> &dyn WriteSource {
-        &*self.source
+        self.source.get()
     }
 
     pub(crate) fn span(&self) -> Span {

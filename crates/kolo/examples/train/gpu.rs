@@ -2,14 +2,16 @@
 
 use super::grads::GradReducer;
 use kolo::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use kolo::{Kolo, ReduceOp};
+use kolo::{Kolo, ReduceOp, TensorGroup};
 use std::sync::Arc;
 
 /// Gradients uploaded into persistent device buffers, averaged by one
-/// grouped device allreduce (fused by the engine), downloaded.
+/// device allreduce of their [`TensorGroup`] (one fused NCCL allreduce
+/// once the step repeats), downloaded.
 pub struct DeviceReducer {
     stream: Arc<CudaStream>,
     buffers: Vec<CudaSlice<f32>>,
+    group: Option<TensorGroup>,
 }
 
 /// A CUDA failure as a kolo error about `what`.
@@ -32,6 +34,7 @@ impl DeviceReducer {
         Ok(DeviceReducer {
             stream,
             buffers: Vec::new(),
+            group: None,
         })
     }
 }
@@ -55,13 +58,13 @@ impl GradReducer for DeviceReducer {
                 .memcpy_htod(grad, buffer)
                 .map_err(cuda("uploading a gradient"))?;
         }
-        let names: Vec<String> = names.iter().map(|n| format!("grad/{n}")).collect();
-        let mut group: Vec<(&str, &mut CudaSlice<f32>)> = names
-            .iter()
-            .map(String::as_str)
-            .zip(self.buffers.iter_mut())
-            .collect();
-        kolo.grouped_allreduce_device(&mut group, ReduceOp::Average)?;
+        let group = match &self.group {
+            Some(group) if group.len() == names.len() => group,
+            _ => self
+                .group
+                .insert(TensorGroup::new(names.iter().map(|n| format!("grad/{n}")))?),
+        };
+        kolo.allreduce_group_device(group, self.buffers.iter_mut(), ReduceOp::Average)?;
         for (grad, buffer) in grads.iter_mut().zip(&self.buffers) {
             self.stream
                 .memcpy_dtoh(buffer, grad)

@@ -1,5 +1,5 @@
 //! How the train example's ranks average their gradients: on the host
-//! (async allreduces) or, with the `nccl` feature, on the GPUs (`gpu.rs`).
+//! (async allreduces in a scope) or, with the `nccl` feature, on the GPUs (`gpu.rs`).
 
 use kolo::{Kolo, ReduceOp};
 
@@ -15,8 +15,9 @@ pub trait GradReducer {
     ) -> Result<(), kolo::Error>;
 }
 
-/// Host gradients: one async allreduce per tensor, last layer first (the
-/// order backprop produces them); the engine fuses them.
+/// Host gradients: one async allreduce per tensor in a scope, last layer
+/// first (the order backprop produces them); the engine fuses them and
+/// reduces them in place.
 pub struct HostReducer;
 
 impl GradReducer for HostReducer {
@@ -26,17 +27,15 @@ impl GradReducer for HostReducer {
         names: &[String],
         grads: &mut [Vec<f32>],
     ) -> Result<(), kolo::Error> {
-        let handles = names
-            .iter()
-            .zip(grads.iter_mut())
-            .rev()
-            .map(|(name, grad)| {
-                kolo.allreduce_async(&format!("grad/{name}"), grad, ReduceOp::Average)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for handle in handles {
-            handle.wait()?;
-        }
-        Ok(())
+        let names: Vec<String> = names.iter().map(|name| format!("grad/{name}")).collect();
+        kolo.scope(|s| {
+            let handles = names
+                .iter()
+                .zip(grads.iter_mut())
+                .rev()
+                .map(|(name, grad)| s.allreduce_async(name, grad, ReduceOp::Average))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles.into_iter().try_for_each(|h| h.wait())
+        })
     }
 }

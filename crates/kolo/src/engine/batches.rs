@@ -12,7 +12,7 @@
 
 use crate::engine::completion::{Completion, Part, Payload};
 use crate::engine::submission::Input;
-use crate::engine::submission::Inputs;
+use crate::engine::submission::{Inputs, Ready};
 use crate::error::Error;
 use kolo_coordinator::TensorId;
 use std::sync::Arc;
@@ -125,7 +125,7 @@ impl Batches {
     /// its own.
     pub(crate) fn claim_whole(&mut self, key: u32, parts: usize) -> Option<Whole> {
         let batch = self.slots.get_mut(key as usize)?.as_mut()?;
-        let lent = matches!(batch.inputs, Inputs::Lent { .. });
+        let lent = matches!(batch.inputs, Inputs::Lent { .. } | Inputs::Device { .. });
         if !batch.whole || !lent || batch.ids.len() != parts || batch.open != parts {
             return None;
         }
@@ -168,6 +168,28 @@ impl Batches {
                 Err(error) => batch.completion.fail_open(error),
             }
             batch.open = 0;
+        }
+    }
+
+    /// Lets go of the claimed submission and hands over what completing
+    /// it takes (from any thread: a device plane completes it once the
+    /// device is done) with its inputs.
+    pub(crate) fn detach_whole(&mut self, whole: Whole) -> Option<(Arc<Completion>, Inputs)> {
+        let slot = self.slots.get_mut(whole.key as usize)?;
+        let mut batch = slot.take()?;
+        self.free.push(whole.key);
+        // The new holder completes every tensor: the record no longer does.
+        batch.open = 0;
+        let inputs = std::mem::replace(&mut batch.inputs, Inputs::Each(Vec::new()));
+        Some((Arc::clone(&batch.completion), inputs))
+    }
+
+    /// What orders the engine's work on `part`'s device tensor after its
+    /// submitter's (see [`Inputs::Device`]).
+    pub(crate) fn device_ready(&self, part: PartRef) -> Option<Ready> {
+        match self.slots.get(part.batch as usize) {
+            Some(Some(batch)) => batch.inputs.device_ready().map(Arc::clone),
+            _ => None,
         }
     }
 

@@ -52,33 +52,23 @@ struct State {
     payloads: Vec<Option<Payload>>,
     /// The error of the lowest-numbered failed part.
     error: Option<(u32, Error)>,
-    /// Every failed part (the others delivered their results).
-    failed: Vec<u32>,
     waker: Option<Waker>,
     /// Held until every part is in: the claim of a scope on the caller's
     /// memory, released only after the engine's last access to it.
     lease: Option<Lease>,
     /// The results were handed out.
     taken: bool,
-    /// The engine's staging copy of the inputs (a copying group's), whose
-    /// memory the engine works on lent: handed to the waiter after the
-    /// outputs, never before every part is in.
-    staging: Option<Payload>,
 }
 
-/// What a done submission delivered: every part's output (in order, the
-/// staging copy after them), or what failed.
+/// What a done submission delivered: every part's output, in order, or
+/// what failed.
 pub(crate) type Outcome = Result<Vec<Payload>, Failure>;
 
 /// A done submission of which some parts failed.
 pub(crate) struct Failure {
-    /// The error of the lowest-numbered failed part.
+    /// The error of the lowest-numbered failed part (the others were
+    /// performed, on the caller's memory in place).
     pub(crate) error: Error,
-    /// Which parts failed, ascending; the others were performed.
-    pub(crate) failed: Vec<u32>,
-    /// The engine's staging copy of the inputs, if the submission had one:
-    /// the performed parts' results are in it.
-    pub(crate) staging: Option<Payload>,
 }
 
 impl Completion {
@@ -104,11 +94,9 @@ impl Completion {
                     Vec::new()
                 },
                 error: None,
-                failed: Vec::new(),
                 waker: None,
                 lease,
                 taken: false,
-                staging: None,
             }),
             done: Condvar::new(),
             finished: CachePadded::new(AtomicBool::new(false)),
@@ -118,13 +106,6 @@ impl Completion {
             completion.finish(&mut completion.state.lock());
         }
         completion
-    }
-
-    /// Keeps `staging` (memory the submission's tensors are lent from)
-    /// until the results are taken: the waiter gets it after the outputs.
-    /// Set before the submission is queued.
-    pub(crate) fn keep_staging(&self, staging: Payload) {
-        self.state.lock().staging = Some(staging);
     }
 
     /// The part `index` of this submission, for the engine.
@@ -171,7 +152,6 @@ impl Completion {
                 }
             }
             Err(error) => {
-                state.failed.push(index);
                 if state.error.as_ref().is_none_or(|(at, _)| index < *at) {
                     state.error = Some((index, error));
                 }
@@ -293,19 +273,12 @@ fn take(state: &mut State) -> Option<Outcome> {
         return None;
     }
     if let Some((_, error)) = state.error.take() {
-        let mut failed = std::mem::take(&mut state.failed);
-        failed.sort_unstable();
-        return Some(Err(Failure {
-            error,
-            failed,
-            staging: state.staging.take(),
-        }));
+        return Some(Err(Failure { error }));
     }
-    let mut outputs: Vec<Payload> = std::mem::take(&mut state.payloads)
+    let outputs: Vec<Payload> = std::mem::take(&mut state.payloads)
         .into_iter()
         .map(|p| p.unwrap_or_else(|| Box::new(())))
         .collect();
-    outputs.extend(state.staging.take());
     Some(Ok(outputs))
 }
 

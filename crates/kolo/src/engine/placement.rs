@@ -8,10 +8,11 @@
 //! no CUDA: an engine without a plane fails device responses with an
 //! error, and the placement is a pure function of the response.
 
-use crate::engine::completion::Part;
-use crate::engine::submission::Input;
+use crate::engine::completion::{Completion, Part};
+use crate::engine::submission::{Input, Inputs, Ready};
 use kolo_protocol::{Device, Params, RequestKind, Response};
 use kolo_timeline::Timeline;
+use std::sync::Arc;
 
 /// Where the tensors of one response live, across the ranks that sent it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +72,9 @@ pub(crate) struct DeviceEntry {
     pub params: Params,
     pub input: Input,
     pub part: Part,
+    /// What orders the work after the submitter's, for a tensor lent by
+    /// address (see [`Inputs::Device`]).
+    pub ready: Option<Ready>,
 }
 
 /// A GPU data plane living on the engine's thread: performs the agreed
@@ -91,6 +95,14 @@ pub(crate) trait DevicePlane {
         slots: Vec<Option<DeviceEntry>>,
         timeline: &Timeline,
     );
+
+    /// Allreduces every tensor of one whole submission of device tensors
+    /// lent by address (`inputs`, see [`Inputs::Device`]) as one fused
+    /// collective, `response` being the first of its fused responses
+    /// (dtype, op, scales); completes `completion`'s tensors once the
+    /// device is done. Inputs of another type than the response's (a kolo
+    /// bug) still take part, with the op's identity, and fail.
+    fn allreduce_whole(&mut self, response: &Response, inputs: Inputs, completion: Arc<Completion>);
 }
 
 /// Where an engine keeps its GPU data plane, if it may have one. A host

@@ -129,9 +129,6 @@ pub(crate) struct Submission<'n> {
     pub(crate) payloads: bool,
     /// Released once every tensor is done (a scope's claim on lent memory).
     pub(crate) lease: Option<Lease>,
-    /// The memory the tensors are lent from, when the submission owns it
-    /// (a copying group's staging copy): kept until the results are taken.
-    pub(crate) staging: Option<Payload>,
     /// The submitter waits for it at once and runs the engine's cycles
     /// itself if it can, so the background thread is not woken for it
     /// (see [`Submission::quietly`]).
@@ -163,7 +160,6 @@ impl<'n> Submission<'n> {
             inputs: Inputs::with_capacity(capacity),
             payloads,
             lease,
-            staging: None,
             quiet: false,
         }
     }
@@ -179,7 +175,6 @@ impl<'n> Submission<'n> {
             inputs: Inputs::with_capacity(capacity),
             payloads: false,
             lease,
-            staging: None,
             quiet: false,
         }
     }
@@ -212,6 +207,26 @@ impl<'n> Submission<'n> {
     pub(crate) fn push_lent_data<T: Element>(&mut self, dims: &[usize], data: &mut [T]) {
         self.shapes.push_dims(dims);
         self.inputs.push_lent(data);
+    }
+
+    /// Adds the next device tensor (of a submission made with
+    /// [`Inputs::on_device`]'s inputs): of the dimensions `dims`, lent at
+    /// the device address `ptr` (not 0), `len` elements long. `name` is
+    /// its name, unless the names are a [`crate::TensorGroup`]'s.
+    pub(crate) fn push_device(
+        &mut self,
+        name: Option<&'n str>,
+        dims: &[usize],
+        ptr: NonNull<u8>,
+        len: usize,
+    ) {
+        if let Some(name) = name {
+            self.push_name(name);
+        }
+        self.shapes.push_dims(dims);
+        if let Inputs::Device { segments, .. } = &mut self.inputs {
+            segments.push(Segment { ptr, len });
+        }
     }
 
     /// Number of tensors (of a [`crate::TensorGroup`]'s submission: the group's).
@@ -300,6 +315,10 @@ pub(crate) struct Segment {
     len: usize,
 }
 
+/// What orders the engine's work on lent device tensors after their
+/// submitter's (a device plane's type).
+pub(crate) type Ready = Arc<dyn std::any::Any + Send + Sync>;
+
 /// The inputs of a submission's tensors.
 pub(crate) enum Inputs {
     /// Lent tensors of one element type: one address and length each.
@@ -307,13 +326,24 @@ pub(crate) enum Inputs {
         element: TypeId,
         segments: Vec<Segment>,
     },
+    /// Device tensors lent by address (see `crate::nccl`): `element` names
+    /// their memory and element type (never an [`Element`] type, so no
+    /// host view is ever made of them); `ready` is what orders the
+    /// engine's work after the submitter's, one for the whole submission
+    /// (set once every tensor is in).
+    Device {
+        element: TypeId,
+        segments: Vec<Segment>,
+        ready: Option<Ready>,
+    },
     /// Anything else, tensor by tensor.
     Each(Vec<Input>),
 }
 
 // SAFETY: the segments stand for `Lent` views (see `crate::scope::Lent`,
 // which is `Send` for the same reason): exclusive access to lent memory,
-// handed to the engine's thread, read only as the recorded element type.
+// handed to the engine's thread, read only as the recorded element type
+// (device segments only by the device plane, as device addresses).
 unsafe impl Send for Inputs {}
 
 impl Inputs {
@@ -379,8 +409,56 @@ impl Inputs {
     /// The element counts of lent segments (empty for other inputs).
     pub(crate) fn lent_lens(&self) -> Vec<usize> {
         match self {
-            Inputs::Lent { segments, .. } => segments.iter().map(|s| s.len).collect(),
+            Inputs::Lent { segments, .. } | Inputs::Device { segments, .. } => {
+                segments.iter().map(|s| s.len).collect()
+            }
             Inputs::Each(_) => Vec::new(),
+        }
+    }
+
+    /// Device tensors lent by address, none yet (see
+    /// [`Submission::push_device`]), of the memory and element type
+    /// `element`.
+    pub(crate) fn on_device(element: TypeId, tensors: usize) -> Self {
+        Inputs::Device {
+            element,
+            segments: Vec::with_capacity(tensors),
+            ready: None,
+        }
+    }
+
+    /// Sets what orders the engine's work on lent device tensors.
+    pub(crate) fn set_ready(&mut self, to: Ready) {
+        if let Inputs::Device { ready, .. } = self {
+            *ready = Some(to);
+        }
+    }
+
+    /// The device addresses and lengths of lent device tensors whose
+    /// memory and element type is `element`.
+    pub(crate) fn device(
+        &self,
+        element: TypeId,
+    ) -> Option<impl Iterator<Item = (u64, usize)> + '_> {
+        match self {
+            Inputs::Device {
+                element: lent,
+                segments,
+                ..
+            } if *lent == element => Some(
+                segments
+                    .iter()
+                    .map(|s| (s.ptr.as_ptr() as usize as u64, s.len)),
+            ),
+            _ => None,
+        }
+    }
+
+    /// What orders the engine's work on lent device tensors.
+    pub(crate) fn device_ready(&self) -> Option<&Ready> {
+        match self {
+            Inputs::Device { ready, .. } => ready.as_ref(),
+            _ => None,
         }
     }
 
@@ -426,6 +504,18 @@ impl Inputs {
                     // SAFETY: the segment holds the parts of a view pushed
                     // here, under this submission's lease; its length is
                     // zeroed now, so a later take rebuilds an empty view.
+                    Input::Lent(unsafe { Lent::from_parts(s.ptr, len, *element) })
+                }
+                None => Input::None,
+            },
+            Inputs::Device {
+                element, segments, ..
+            } => match segments.get_mut(index) {
+                Some(s) => {
+                    let len = std::mem::take(&mut s.len);
+                    // SAFETY: as for lent host tensors; `element` is a
+                    // device memory's, so the view made of it is never
+                    // read as host memory (`Lent::as_mut_slice` checks).
                     Input::Lent(unsafe { Lent::from_parts(s.ptr, len, *element) })
                 }
                 None => Input::None,

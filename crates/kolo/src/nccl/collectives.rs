@@ -3,16 +3,17 @@
 //! buffer: the reduce op's identity, zero rows, or a buffer to receive
 //! into.
 
+use super::allreduce::{address, alloc};
 use super::plane::{
-    topology, Enqueued, NcclPlane, Output, Part, NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL,
+    topology, Enqueued, NcclPlane, Output, Part, PlaneError, NCCL_ALLGATHER, NCCL_ALLTOALL,
     NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
 use super::tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
 use cudarc::driver::{CudaSlice, DeviceSlice};
-use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Untracked, Work};
+use kolo_nccl::{DeviceElement, NcclComm, NcclError, Untracked, Work};
 use kolo_protocol::Response;
-use kolo_timeline::{activity, Timeline};
+use kolo_timeline::Timeline;
 use kolo_transport::Scale;
 use std::any::Any;
 use std::sync::Arc;
@@ -29,21 +30,6 @@ fn phase<R>(timeline: &Timeline, tensors: &[&str], name: &str, enqueue: impl FnO
     let out = enqueue();
     timeline.activity_end_all(tensors);
     out
-}
-
-/// A buffer of `len` copies of `fill` on `comm`'s stream (at least one
-/// element: CUDA allocates no empty buffers).
-fn alloc<T: DeviceElement>(
-    comm: &NcclComm,
-    len: usize,
-    fill: T,
-) -> Result<CudaSlice<T>, NcclError> {
-    comm.stream()
-        .clone_htod(&vec![fill; len.max(1)])
-        .map_err(|e| NcclError::Cuda {
-            call: "cuMemcpyHtoDAsync",
-            message: format!("{e:?}"),
-        })
 }
 
 /// The stand-ins of a rank that joined (no entry for a tensor): the op's
@@ -99,62 +85,36 @@ impl<T: DeviceElement> Spares<T> {
 }
 
 impl NcclPlane {
-    /// Allreduces the response's tensors in place: one tensor directly,
-    /// several packed into the fusion buffer, reduced once, unpacked.
+    /// Allreduces the response's tensors in place as one fused collective
+    /// (see [`super::allreduce`]): each lent tensor at its address, a
+    /// stand-in of the op's identity where this rank has none.
     pub(super) fn allreduce<T: DeviceElement>(
         &mut self,
         response: &Response,
         parts: &mut [Part<T>],
         timeline: &Timeline,
         names: &[&str],
-    ) -> Result<Enqueued, NcclError> {
-        let op = response.reduce_op;
-        let scale = Scale {
-            prescale: response.prescale,
-            postscale: response.postscale,
-        };
-        let NcclPlane { comm, fusion } = self;
-        let mut spares = Spares(Vec::new());
-        let mut views = Vec::with_capacity(parts.len());
+    ) -> Result<Enqueued, PlaneError> {
+        let fill = T::identity(response.reduce_op);
+        let mut spares = Vec::new();
+        let mut lent = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
-            views.push(spares.buffer(
-                comm,
-                part,
-                Side::Write,
-                size_of(response, i),
-                T::identity(op),
-            )?);
+            match part.lent {
+                Some(tensor) => lent.push(tensor),
+                None => {
+                    let len = size_of(response, i);
+                    let spare = alloc(&self.comm, len, fill)?;
+                    lent.push((address(&self.comm, &spare), len));
+                    spares.push(spare);
+                }
+            }
         }
-        if let [view] = views.as_mut_slice() {
-            let work = phase(timeline, names, NCCL_ALLREDUCE, || {
-                comm.all_reduce(view, op, scale)
-            })?;
-            return Ok(Enqueued {
-                outputs: Vec::new(),
-                last: Some(work),
-            });
-        }
-        let fusion = match fusion {
-            Some(buffer) => buffer,
-            None => fusion.insert(phase(
-                timeline,
-                names,
-                activity::INIT_FUSION_BUFFER,
-                || DeviceFusionBuffer::new(comm, 0),
-            )?),
-        };
-        let count = phase(timeline, names, activity::MEMCPY_IN_FUSION_BUFFER, || {
-            fusion.pack(comm, &views)
-        })?;
-        phase(timeline, names, NCCL_ALLREDUCE, || {
-            fusion.all_reduce::<T>(comm, count, op, scale)
-        })?;
-        phase(timeline, names, activity::MEMCPY_OUT_FUSION_BUFFER, || {
-            fusion.unpack(comm, &mut views)
-        })?;
+        let work = self.fused_allreduce::<T>(response, lent.into_iter(), names, timeline)?;
+        // Freed in the stream's order, after the work enqueued on them.
+        drop(spares);
         Ok(Enqueued {
             outputs: Vec::new(),
-            last: None,
+            last: Some(work),
         })
     }
 

@@ -40,6 +40,7 @@
 //! # Ok::<(), kolo::Error>(())
 //! ```
 
+mod allreduce;
 mod collectives;
 #[cfg(feature = "mpi")]
 mod mpi;

@@ -3,25 +3,36 @@
 //! their handles from kolo-nccl's completion thread once the GPU is done.
 //!
 //! Per response: the stream waits (on the GPU) for the submitters' ready
-//! events; the collective is enqueued on the tensors' addresses (fused
-//! allreduces through the persistent [`DeviceFusionBuffer`]: pack, one
-//! allreduce, unpack); and the [`Work`](kolo_nccl::Work) of the last
+//! events; the collective is enqueued on the tensors' addresses
+//! (allreduces fused through kolo-fusion on device memory, see
+//! [`super::allreduce`]); and the [`Work`](kolo_nccl::Work) of the last
 //! enqueued call (or a flush) completes every tensor's handle and releases
 //! the caller's memory once the GPU is done.
 
-use super::ready::ReadyEvent;
-use super::tensor::{DeviceArgs, DeviceDone};
-use crate::engine::completion::{Part as Submitted, Payload};
+use super::tensor::{DeviceArgs, DeviceDone, OnDevice};
+use crate::engine::completion::{Completion, Part as Submitted, Payload};
 use crate::engine::placement::{DeviceEntry, DevicePlane};
-use crate::engine::submission::Input;
+use crate::engine::submission::{Input, Inputs, Ready};
 use crate::error::Error;
 use cudarc::driver::CudaStream;
-use kolo_nccl::{DeviceElement, DeviceFusionBuffer, NcclComm, NcclError, Work};
+use kolo_fusion::{FusionBuffers, FusionError};
+use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, UntrackedSpace, Work};
 use kolo_protocol::{RequestKind, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Topology};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::sync::Arc;
+
+/// Why the plane could not perform a response on this rank.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PlaneError {
+    #[error(transparent)]
+    Nccl(#[from] NcclError),
+    #[error(transparent)]
+    Fusion(#[from] FusionError),
+    #[error("internal: {0}")]
+    Internal(String),
+}
 
 /// What a response leaves per tensor: an output the engine allocated
 /// (allgather's `CudaSlice<T>`, alltoall's [`DeviceReceived`](super::tensor::DeviceReceived)) with its
@@ -50,10 +61,13 @@ pub const NCCL_REDUCESCATTER: &str = "NCCL_REDUCESCATTER";
 /// Timeline activity of the NCCL alltoall (grouped sends and receives).
 pub const NCCL_ALLTOALL: &str = "NCCL_ALLTOALL";
 
-/// One rank's NCCL communicator and device fusion buffer.
+/// One rank's NCCL communicator and device fusion buffers.
 pub(crate) struct NcclPlane {
     pub(super) comm: NcclComm,
-    pub(super) fusion: Option<DeviceFusionBuffer>,
+    /// kolo-fusion's persistent buffers, in device memory.
+    pub(super) buffers: FusionBuffers<Cuda>,
+    /// This device's memory, to view tensors lent by address.
+    pub(super) space: UntrackedSpace,
 }
 
 /// One tensor of a response on this rank.
@@ -63,6 +77,11 @@ pub(super) struct Part<T: 'static> {
     pub completion: Option<Submitted>,
     /// The caller's memory (none where this rank joined).
     pub args: Option<DeviceArgs<T>>,
+    /// The caller's memory lent by address (an allreduce's): address and
+    /// length.
+    pub lent: Option<(u64, usize)>,
+    /// What orders the work after the submitter's, for `lent`.
+    pub ready: Option<Ready>,
     /// The shape as this rank submitted it (empty where it joined).
     pub shape: Vec<u64>,
 }
@@ -82,9 +101,14 @@ impl<T: 'static> Drop for Part<T> {
 }
 
 impl NcclPlane {
-    /// The plane of `comm` (its fusion buffer is allocated on first use).
+    /// The plane of `comm` (its fusion buffers are allocated on first use).
     pub(crate) fn new(comm: NcclComm) -> Self {
-        NcclPlane { comm, fusion: None }
+        let space = UntrackedSpace::new(Arc::clone(comm.stream()));
+        NcclPlane {
+            comm,
+            buffers: FusionBuffers::default(),
+            space,
+        }
     }
 
     fn perform_as<T: DeviceElement>(
@@ -101,16 +125,23 @@ impl NcclPlane {
             .map(|(name, slot)| part(name, slot))
             .collect();
         let names: Vec<&str> = response.tensor_names.iter().map(String::as_str).collect();
-        let enqueued = self.wait_ready(&parts).and_then(|()| match kind {
-            RequestKind::Allreduce => self.allreduce(response, &mut parts, timeline, &names),
-            RequestKind::Broadcast => self.broadcast(response, &mut parts, timeline),
-            RequestKind::ReduceScatter => self.reduce_scatter(response, &mut parts, timeline),
-            RequestKind::Allgather => self.allgather(response, &mut parts, timeline),
-            RequestKind::Alltoall => self.alltoall(response, &mut parts, timeline),
-            other => Err(NcclError::InvalidArgument(format!(
-                "{other} is not offered on device tensors"
-            ))),
-        });
+        let enqueued =
+            self.wait_ready(&parts)
+                .map_err(PlaneError::from)
+                .and_then(|()| match kind {
+                    RequestKind::Allreduce => {
+                        self.allreduce(response, &mut parts, timeline, &names)
+                    }
+                    RequestKind::Broadcast => Ok(self.broadcast(response, &mut parts, timeline)?),
+                    RequestKind::ReduceScatter => {
+                        Ok(self.reduce_scatter(response, &mut parts, timeline)?)
+                    }
+                    RequestKind::Allgather => Ok(self.allgather(response, &mut parts, timeline)?),
+                    RequestKind::Alltoall => Ok(self.alltoall(response, &mut parts, timeline)?),
+                    other => Err(PlaneError::Internal(format!(
+                        "{other} is not offered on device tensors"
+                    ))),
+                });
         match enqueued {
             Ok(enqueued) => self.settle(response, parts, enqueued, timeline),
             Err(e) => self.fail(parts, &e, response, timeline),
@@ -120,7 +151,8 @@ impl NcclPlane {
     /// The stream waits, on the GPU, for every submitter's ready event
     /// (once per event: a submission shares one per stream).
     fn wait_ready<T>(&self, parts: &[Part<T>]) -> Result<(), NcclError> {
-        let mut waited: Vec<*const ReadyEvent> = Vec::new();
+        self.wait_submitted(parts.iter().filter_map(|p| p.ready.as_ref()))?;
+        let mut waited: Vec<*const super::ready::ReadyEvent> = Vec::new();
         for ready in parts
             .iter()
             .filter_map(|p| p.args.as_ref())
@@ -147,7 +179,7 @@ impl NcclPlane {
     ) {
         let work = match enqueued.last.map_or_else(|| self.comm.flush(), Ok) {
             Ok(work) => work,
-            Err(e) => return self.fail(parts, &e, response, timeline),
+            Err(e) => return self.fail(parts, &e.into(), response, timeline),
         };
         let stream = Arc::clone(self.comm.stream());
         let mut outputs = enqueued.outputs.into_iter();
@@ -182,7 +214,7 @@ impl NcclPlane {
     fn fail<T: DeviceElement>(
         &mut self,
         parts: Vec<Part<T>>,
-        error: &NcclError,
+        error: &PlaneError,
         response: &Response,
         timeline: &Timeline,
     ) {
@@ -233,56 +265,66 @@ impl DevicePlane for NcclPlane {
     ) {
         with_element_type!(response.dtype, T => self.perform_as::<T>(kind, response, slots, timeline))
     }
+
+    fn allreduce_whole(
+        &mut self,
+        response: &Response,
+        inputs: Inputs,
+        completion: Arc<Completion>,
+    ) {
+        NcclPlane::allreduce_whole(self, response, inputs, completion);
+    }
 }
 
 /// Takes `name`'s entry apart; an input of another type than the
 /// response's (a kolo bug) fails the entry, and this rank takes part with
 /// a placeholder.
 fn part<T: DeviceElement>(name: &str, slot: Option<DeviceEntry>) -> Part<T> {
+    let mut part = Part {
+        name: name.to_owned(),
+        completion: None,
+        args: None,
+        lent: None,
+        ready: None,
+        shape: Vec::new(),
+    };
     let Some(entry) = slot else {
-        return Part {
-            name: name.to_owned(),
-            completion: None,
-            args: None,
-            shape: Vec::new(),
-        };
+        return part;
     };
     let DeviceEntry {
         params,
         input,
         part: completion,
+        ready,
     } = entry;
-    let args = match input {
-        Input::Owned(payload) => payload.downcast::<DeviceArgs<T>>().ok(),
-        _ => None,
-    };
-    match args {
-        Some(args) => Part {
-            name: name.to_owned(),
-            completion: Some(completion),
-            args: Some(*args),
-            shape: params.shape.to_vec(),
-        },
-        None => {
-            completion.complete(Err(Error::Collective {
-                tensor: name.to_owned(),
-                message: format!(
-                    "internal: the input is not a device tensor of the agreed type {}",
-                    T::DTYPE
-                ),
-            }));
-            Part {
-                name: name.to_owned(),
-                completion: None,
-                args: None,
-                shape: Vec::new(),
+    match input {
+        Input::Owned(payload) => part.args = payload.downcast::<DeviceArgs<T>>().ok().map(|a| *a),
+        Input::Lent(lent) => {
+            let (ptr, len, element) = lent.parts();
+            if element == TypeId::of::<OnDevice<T>>() {
+                part.lent = Some((ptr.as_ptr() as usize as u64, len));
+                part.ready = ready;
             }
         }
+        Input::None => {}
     }
+    if part.args.is_none() && part.lent.is_none() {
+        completion.complete(Err(Error::Collective {
+            tensor: name.to_owned(),
+            message: format!(
+                "internal: the input is not a device tensor of the agreed type {}",
+                T::DTYPE
+            ),
+        }));
+        return part;
+    }
+    part.completion = Some(completion);
+    part.shape = params.shape.to_vec();
+    part
 }
 
-/// An NCCL failure of `tensor`'s collective.
-fn collective(tensor: &str, error: &NcclError) -> Error {
+/// A failure of `tensor`'s collective.
+pub(super) fn collective(tensor: &str, error: &dyn std::fmt::Display) -> Error {
     Error::Collective {
         tensor: tensor.to_owned(),
         message: error.to_string(),

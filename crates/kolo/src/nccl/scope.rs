@@ -9,21 +9,21 @@
 //! whatever became of the handles.
 
 use super::tensor::{
-    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, ReadyEvents,
+    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, OnDevice, ReadyEvents,
 };
-use crate::engine::submission::Input;
-use crate::engine::submission::Submission;
+use crate::engine::submission::{Input, Inputs, Submission};
 use crate::error::Error;
+use crate::group::TensorGroup;
 use crate::handle::Handle;
 use crate::kolo::Kolo;
 use crate::ops::ReduceOptions;
 use crate::scope::ScopeCore;
 use crate::split::split_rows;
 use crate::tensor::shape_problem;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice};
 use kolo_nccl::{DeviceElement, Untracked};
 use kolo_protocol::{Device, Params, RequestKind};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 /// A scope for asynchronous device collectives (see
@@ -78,21 +78,26 @@ impl Kolo {
         self.device_scope(|s| s.allreduce_async(name, buf, options)?.wait())
     }
 
-    /// Allreduces several device tensors submitted together (blocking):
-    /// they fuse in the engine's device fusion buffer as far as the fusion
-    /// threshold allows.
-    pub fn grouped_allreduce_device<T: DeviceElement>(
+    /// Allreduces the device tensors of `group` (blocking, in place):
+    /// `tensors` holds one buffer per tensor (a `&mut CudaSlice`, a view or
+    /// a [`DeviceTensorMut`] with a shape), in the group's order. As
+    /// [`Kolo::allreduce_group`] on the host: the engine recognises the
+    /// group by the [`TensorGroup`] alone, a repeated step is one fused
+    /// NCCL allreduce straight over the buffers, and a tensor the
+    /// negotiation refuses is left as it was while the others are reduced.
+    pub fn allreduce_group_device<'t, T, V>(
         &self,
-        tensors: &mut [(&str, &mut CudaSlice<T>)],
+        group: &TensorGroup,
+        tensors: impl IntoIterator<Item = V>,
         options: impl Into<ReduceOptions>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), Error>
+    where
+        T: DeviceElement,
+        V: Into<DeviceTensorMut<'t, T>>,
+    {
         let options = options.into();
-        self.device_scope(|s| {
-            let views = tensors
-                .iter_mut()
-                .map(|(name, buf)| (*name, DeviceTensorMut::from(&mut **buf)));
-            s.grouped_allreduce_async(views, options)?.wait()
-        })
+        let tensors: Vec<DeviceTensorMut<'t, T>> = tensors.into_iter().map(Into::into).collect();
+        self.device_scope(|s| s.lend_group(group, tensors.into_iter(), options)?.wait())
     }
 
     /// Gathers every rank's device tensor along the first dimension, in
@@ -159,26 +164,131 @@ impl<'scope> DeviceScope<'scope, '_> {
         buf: impl Into<DeviceTensorMut<'scope, T>>,
         options: impl Into<ReduceOptions>,
     ) -> Result<Handle<'scope, ()>, Error> {
-        self.grouped_allreduce_async([(name, buf.into())], options)
+        let template = self.allreduce_template::<T>(name, options.into())?;
+        let mut submission = Submission::new(template, 1, false, Some(self.core.leases.lease()));
+        self.lend(
+            &mut submission,
+            std::iter::once((Some(name), buf.into())),
+            |_| name,
+        )?;
+        self.submit_lent(submission)
     }
 
-    /// Submits in-place allreduces of several device tensors at once (they
-    /// reach the same negotiation cycle and fuse); one handle for all.
-    pub fn grouped_allreduce_async<'n, T: DeviceElement>(
+    /// Submits the in-place allreduces of the device tensors of `group`:
+    /// `tensors` gives one buffer per tensor, in the group's order; one
+    /// handle for them all (see [`Kolo::allreduce_group_device`]). On an
+    /// error at submission nothing is submitted.
+    pub fn allreduce_group_async<T, V>(
         &'scope self,
-        tensors: impl IntoIterator<Item = (&'n str, DeviceTensorMut<'scope, T>)>,
+        group: &TensorGroup,
+        tensors: impl IntoIterator<Item = V>,
         options: impl Into<ReduceOptions>,
+    ) -> Result<Handle<'scope, ()>, Error>
+    where
+        T: DeviceElement,
+        V: Into<DeviceTensorMut<'scope, T>>,
+    {
+        let tensors = tensors.into_iter().map(Into::into);
+        self.lend_group(group, tensors, options.into())
+    }
+
+    /// [`DeviceScope::allreduce_group_async`] of converted tensors.
+    fn lend_group<T: DeviceElement>(
+        &'scope self,
+        group: &TensorGroup,
+        tensors: impl Iterator<Item = DeviceTensorMut<'scope, T>>,
+        options: ReduceOptions,
     ) -> Result<Handle<'scope, ()>, Error> {
-        let options = options.into();
-        let mut items = Vec::new();
-        for (name, tensor) in tensors {
-            check_shape(name, &tensor.shape, tensor.view.len())?;
-            let stream = tensor.view.stream();
-            let params =
-                self.params::<T>(name, RequestKind::Allreduce, &tensor.shape, stream, options)?;
-            items.push(self.item(name, params, None, Some(tensor.view))?);
+        let template = self.allreduce_template::<T>(group.name(0), options)?;
+        let lease = Some(self.core.leases.lease());
+        let mut submission = Submission::known(template, group.list(), lease);
+        let given = self.lend(&mut submission, tensors.map(|t| (None, t)), |i| {
+            group.name(i)
+        })?;
+        group.check_count(given)?;
+        self.submit_lent(submission)
+    }
+
+    /// The parameters shared by the allreduces of one submission on the
+    /// engine's GPU (`name` names the first tensor in errors).
+    fn allreduce_template<T: DeviceElement>(
+        &self,
+        name: &str,
+        options: ReduceOptions,
+    ) -> Result<Params, Error> {
+        let Some(gpu) = self.core.kolo.gpu() else {
+            return Err(Error::InvalidArgument {
+                tensor: name.to_owned(),
+                reason: crate::engine::placement::NO_GPU_ENGINE.into(),
+            });
+        };
+        Ok(Params {
+            device: Device::Cuda(gpu as u32),
+            ..self
+                .core
+                .kolo
+                .reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options)
+        })
+    }
+
+    /// Lends `tensors` (each with its name, unless the submission's names
+    /// are a group's; `name_of` names tensor i in errors) to `submission`
+    /// by address, each buffer's stream made to wait (on the GPU) for its
+    /// earlier uses as cudarc tracks them; then records one ready event
+    /// per stream, after those waits, for the engine's stream to wait for.
+    /// Returns the number of tensors.
+    fn lend<'n, 'g, T: DeviceElement>(
+        &self,
+        submission: &mut Submission<'n>,
+        tensors: impl Iterator<Item = (Option<&'n str>, DeviceTensorMut<'scope, T>)>,
+        name_of: impl Fn(usize) -> &'g str,
+    ) -> Result<usize, Error> {
+        submission.inputs = Inputs::on_device(TypeId::of::<OnDevice<T>>(), submission.len());
+        let gpu = self.core.kolo.gpu();
+        let mut streams: Vec<Arc<CudaStream>> = Vec::with_capacity(1);
+        let mut given = 0;
+        for (name, mut tensor) in tensors {
+            let len = tensor.view.len();
+            check_shape(name_of(given), &tensor.shape, len)?;
+            let on = match streams
+                .iter()
+                .position(|s| Arc::ptr_eq(s, tensor.view.stream()))
+            {
+                Some(on) => on,
+                None => {
+                    let stream = tensor.view.stream();
+                    self.device_of(name_of(given), stream)?;
+                    streams.push(Arc::clone(stream));
+                    streams.len() - 1
+                }
+            };
+            debug_assert_eq!(gpu, Some(streams[on].context().ordinal()));
+            let (ptr, guard) = tensor.view.device_ptr_mut(&streams[on]);
+            // The guard would record the write now, before the engine's
+            // work; the engine orders that work itself (the ready event),
+            // and the scope outlives it.
+            std::mem::forget(guard);
+            let Some(ptr) = std::ptr::NonNull::new(ptr as usize as *mut u8) else {
+                return Err(internal(name_of(given), "a device tensor at address 0"));
+            };
+            submission.push_device(name, &tensor.shape, ptr, len);
+            given += 1;
         }
-        self.submit(items, |_| Ok(()))
+        let mut ready = ReadyEvents::default();
+        for stream in &streams {
+            ready.on(stream).map_err(|e| Error::Collective {
+                tensor: name_of(0).to_owned(),
+                message: format!("recording the ready event on the caller's stream: {e:?}"),
+            })?;
+        }
+        submission.inputs.set_ready(Arc::new(ready));
+        Ok(given)
+    }
+
+    /// Submits tensors lent by [`DeviceScope::lend`].
+    fn submit_lent(&self, submission: Submission<'_>) -> Result<Handle<'scope, ()>, Error> {
+        let completion = self.core.kolo.submit(submission)?;
+        Ok(Handle::new(completion, |_| Ok(())))
     }
 
     /// Submits an allgather of the device tensor `input`: every rank's rows

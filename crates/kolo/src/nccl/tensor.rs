@@ -6,6 +6,7 @@
 
 use super::ready::ReadyEvent;
 use crate::engine::lease::Lease;
+use crate::tensor::Dims;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
 use std::any::Any;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct DeviceTensor<'a, T> {
     pub(crate) view: CudaView<'a, T>,
-    pub(crate) shape: Vec<usize>,
+    pub(crate) shape: Dims,
 }
 
 /// A writable device tensor: a cudarc view and a row-major shape. A
@@ -24,7 +25,7 @@ pub struct DeviceTensor<'a, T> {
 #[derive(Debug)]
 pub struct DeviceTensorMut<'a, T> {
     pub(crate) view: CudaViewMut<'a, T>,
-    pub(crate) shape: Vec<usize>,
+    pub(crate) shape: Dims,
 }
 
 impl<'a, T> DeviceTensor<'a, T> {
@@ -32,7 +33,7 @@ impl<'a, T> DeviceTensor<'a, T> {
     pub fn with_shape(view: CudaView<'a, T>, shape: impl AsRef<[usize]>) -> Self {
         DeviceTensor {
             view,
-            shape: shape.as_ref().to_vec(),
+            shape: Dims::from_slice(shape.as_ref()),
         }
     }
 
@@ -47,7 +48,7 @@ impl<'a, T> DeviceTensorMut<'a, T> {
     pub fn with_shape(view: CudaViewMut<'a, T>, shape: impl AsRef<[usize]>) -> Self {
         DeviceTensorMut {
             view,
-            shape: shape.as_ref().to_vec(),
+            shape: Dims::from_slice(shape.as_ref()),
         }
     }
 
@@ -59,7 +60,7 @@ impl<'a, T> DeviceTensorMut<'a, T> {
 
 impl<'a, T> From<&'a CudaSlice<T>> for DeviceTensor<'a, T> {
     fn from(slice: &'a CudaSlice<T>) -> Self {
-        let shape = vec![slice.len()];
+        let shape = Dims::from_buf_and_len([slice.len(), 0, 0, 0], 1);
         DeviceTensor {
             view: slice.as_view(),
             shape,
@@ -69,14 +70,14 @@ impl<'a, T> From<&'a CudaSlice<T>> for DeviceTensor<'a, T> {
 
 impl<'a, T> From<CudaView<'a, T>> for DeviceTensor<'a, T> {
     fn from(view: CudaView<'a, T>) -> Self {
-        let shape = vec![view.len()];
+        let shape = Dims::from_buf_and_len([view.len(), 0, 0, 0], 1);
         DeviceTensor { view, shape }
     }
 }
 
 impl<'a, T> From<&'a mut CudaSlice<T>> for DeviceTensorMut<'a, T> {
     fn from(slice: &'a mut CudaSlice<T>) -> Self {
-        let shape = vec![slice.len()];
+        let shape = Dims::from_buf_and_len([slice.len(), 0, 0, 0], 1);
         DeviceTensorMut {
             view: slice.as_view_mut(),
             shape,
@@ -86,7 +87,7 @@ impl<'a, T> From<&'a mut CudaSlice<T>> for DeviceTensorMut<'a, T> {
 
 impl<'a, T> From<CudaViewMut<'a, T>> for DeviceTensorMut<'a, T> {
     fn from(view: CudaViewMut<'a, T>) -> Self {
-        let shape = vec![view.len()];
+        let shape = Dims::from_buf_and_len([view.len(), 0, 0, 0], 1);
         DeviceTensorMut { view, shape }
     }
 }
@@ -151,6 +152,11 @@ pub(crate) struct DeviceDone {
     pub output: Option<Box<dyn Any + Send>>,
 }
 
+/// The memory and element type of device tensors lent to the engine by
+/// address (`Inputs::Device`'s element: not an `Element` type, so the
+/// host side never views them).
+pub(crate) struct OnDevice<T>(std::marker::PhantomData<T>);
+
 /// The ready event of a stream, recorded once per submission and shared by
 /// the tensors on that stream.
 #[derive(Default)]
@@ -171,5 +177,10 @@ impl ReadyEvents {
         let event = Arc::new(ReadyEvent::record(stream)?);
         self.recorded.push((Arc::clone(stream), Arc::clone(&event)));
         Ok(event)
+    }
+
+    /// The events recorded.
+    pub(crate) fn events(&self) -> impl Iterator<Item = &ReadyEvent> {
+        self.recorded.iter().map(|(_, event)| &**event)
     }
 }

@@ -1,10 +1,12 @@
-//! Allgather, broadcast and alltoall.
+//! Allgather, broadcast and alltoall: blocking on [`Kolo`], asynchronous
+//! in a [`Scope`].
 
 use super::{check, output, write_back};
 use crate::engine::submission::Input;
 use crate::error::Error;
 use crate::handle::Handle;
 use crate::kolo::Kolo;
+use crate::scope::Scope;
 use crate::tensor::{shape_problem, Tensor, TensorMut};
 use kolo_protocol::{Params, RequestKind};
 use kolo_transport::Element;
@@ -27,25 +29,8 @@ impl Kolo {
         name: &str,
         input: impl Into<Tensor<'i, T>>,
     ) -> Result<Vec<T>, Error> {
-        self.allgather_async(name, input)?.wait()
-    }
-
-    /// [`Kolo::allgather`] without blocking (the input is copied at once, so
-    /// the handle borrows nothing).
-    pub fn allgather_async<'i, T: Element>(
-        &self,
-        name: &str,
-        input: impl Into<Tensor<'i, T>>,
-    ) -> Result<Handle<'static, Vec<T>>, Error> {
         let input = input.into();
-        check(name, input.problem())?;
-        let params = self.params(RequestKind::Allgather, T::DTYPE, input.shape());
-        let completion =
-            self.submit_one(name, params, Input::Owned(Box::new(input.data().to_vec())))?;
-        let tensor = name.to_owned();
-        Ok(Handle::new(completion, move |mut payloads| {
-            output(&tensor, payloads.pop())
-        }))
+        self.blocking_scope(|s| s.allgather_async(name, input)?.wait())
     }
 
     /// Copies the root's `buf` into every rank's `buf` (blocking).
@@ -55,33 +40,8 @@ impl Kolo {
         buf: impl Into<TensorMut<'t, T>>,
         root: usize,
     ) -> Result<(), Error> {
-        self.broadcast_async(name, buf, root)?.wait()
-    }
-
-    /// [`Kolo::broadcast`] without blocking; the handle writes `buf` when
-    /// waited on.
-    pub fn broadcast_async<'t, T: Element>(
-        &self,
-        name: &str,
-        buf: impl Into<TensorMut<'t, T>>,
-        root: usize,
-    ) -> Result<Handle<'t, ()>, Error> {
-        let (data, shape) = buf.into().into_parts();
-        check(name, shape_problem(&shape, data.len()))?;
-        let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
-            tensor: name.to_owned(),
-            reason: format!("root rank {root} is out of range"),
-        })?;
-        let params = Params {
-            root_rank,
-            ..self.params(RequestKind::Broadcast, T::DTYPE, &shape)
-        };
-        let completion = self.submit_one(name, params, Input::Owned(Box::new(data.to_vec())))?;
-        let tensor = name.to_owned();
-        Ok(Handle::new(completion, move |mut payloads| {
-            let result: Vec<T> = output(&tensor, payloads.pop())?;
-            write_back(&tensor, data, &result)
-        }))
+        let buf = buf.into();
+        self.blocking_scope(|s| s.broadcast_async(name, buf, root)?.wait())
     }
 
     /// Sends `splits[p]` rows of `send` (first dimension, in order) to each
@@ -93,21 +53,74 @@ impl Kolo {
         send: impl Into<Tensor<'i, T>>,
         splits: &[usize],
     ) -> Result<Received<T>, Error> {
-        self.alltoall_async(name, send, splits)?.wait()
+        let send = send.into();
+        self.blocking_scope(|s| s.alltoall_async(name, send, splits)?.wait())
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Submits an allgather of `input` (see [`Kolo::allgather`]); `input`
+    /// is copied at submission, and the handle returns the gathered rows.
+    pub fn allgather_async<'i, T: Element>(
+        &self,
+        name: &str,
+        input: impl Into<Tensor<'i, T>>,
+    ) -> Result<Handle<'scope, Vec<T>>, Error> {
+        let input = input.into();
+        check(name, input.problem())?;
+        let params = self
+            .kolo()
+            .params(RequestKind::Allgather, T::DTYPE, input.shape());
+        let completion =
+            self.submit_one(name, params, Input::Owned(Box::new(input.data().to_vec())))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(completion, move |mut payloads| {
+            output(&tensor, payloads.pop())
+        }))
     }
 
-    /// [`Kolo::alltoall`] without blocking (the input is copied at once).
+    /// Submits a broadcast of the root's `buf` into every rank's `buf`
+    /// (see [`Kolo::broadcast`]); the handle writes `buf` when it
+    /// completes.
+    pub fn broadcast_async<T: Element>(
+        &self,
+        name: &str,
+        buf: impl Into<TensorMut<'scope, T>>,
+        root: usize,
+    ) -> Result<Handle<'scope, ()>, Error> {
+        let (data, shape) = buf.into().into_parts();
+        check(name, shape_problem(&shape, data.len()))?;
+        let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
+            tensor: name.to_owned(),
+            reason: format!("root rank {root} is out of range"),
+        })?;
+        let params = Params {
+            root_rank,
+            ..self.kolo().params(RequestKind::Broadcast, T::DTYPE, &shape)
+        };
+        let completion = self.submit_one(name, params, Input::Owned(Box::new(data.to_vec())))?;
+        let tensor = name.to_owned();
+        Ok(Handle::new(completion, move |mut payloads| {
+            let result: Vec<T> = output(&tensor, payloads.pop())?;
+            write_back(&tensor, data, &result)
+        }))
+    }
+
+    /// Submits an alltoall of `send` (see [`Kolo::alltoall`]); `send` is
+    /// copied at submission, and the handle returns what arrived.
     pub fn alltoall_async<'i, T: Element>(
         &self,
         name: &str,
         send: impl Into<Tensor<'i, T>>,
         splits: &[usize],
-    ) -> Result<Handle<'static, Received<T>>, Error> {
+    ) -> Result<Handle<'scope, Received<T>>, Error> {
         let send = send.into();
         check(name, send.problem())?;
         let params = Params {
             splits: splits.iter().map(|&s| s as u64).collect(),
-            ..self.params(RequestKind::Alltoall, T::DTYPE, send.shape())
+            ..self
+                .kolo()
+                .params(RequestKind::Alltoall, T::DTYPE, send.shape())
         };
         let completion =
             self.submit_one(name, params, Input::Owned(Box::new(send.data().to_vec())))?;

@@ -1,14 +1,13 @@
-//! The collectives a rank submits: blocking calls and their `*_async`
-//! variants (a blocking call is its async variant plus `wait`).
+//! The collectives a rank submits, each in two forms: blocking on
+//! [`crate::Kolo`] (`kolo.allreduce(..)`) and asynchronous in a
+//! [`crate::Scope`] (`kolo.scope(|s| s.allreduce_async(..))`); a blocking
+//! call is its async form in a scope of its own, waited at once.
 //!
-//! Every operation copies its input into a buffer the engine owns when it
-//! is submitted, and the handle copies the result back into the caller's
-//! buffer when it completes (see [`crate::Handle`]): no borrowed memory is
-//! ever shared with the background thread, so no handle can leave it
-//! dangling, whatever happens to the handle. [`crate::Kolo::allreduce_owned`]
-//! moves a `Vec` in and out instead, without either copy, and
-//! [`crate::Kolo::scope`] lends buffers to the engine for a scope (the
-//! blocking allreduces use one): no copy either.
+//! Allreduces — one tensor, or a [`crate::TensorGroup`]'s — are performed
+//! on the caller's buffers in place, with no copy, in either form. The
+//! other collectives copy their input when submitted and write their
+//! output into the caller's buffer (or hand it over) when the handle
+//! completes.
 
 mod control;
 mod gather;

@@ -4,7 +4,7 @@
 use crate::Report;
 use kolo::nccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use kolo::nccl::DeviceElement;
-use kolo::{Error, Kolo, ReduceOp};
+use kolo::{Error, Kolo, ReduceOp, TensorGroup};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -73,6 +73,10 @@ pub fn run_all(kolo: &Kolo, report: &mut Report) {
         "fusion of 100 device tensors in one op",
         fusion(kolo, &stream),
     );
+    report.check(
+        "a repeated device TensorGroup: one fused operation per step",
+        repeated(kolo, &stream),
+    );
     report.check("async device scope", scoped(kolo, &stream));
     report.check("host tensors on the GPU engine", host(kolo));
     if kolo.size() > 1 {
@@ -95,6 +99,10 @@ pub fn run_all(kolo: &Kolo, report: &mut Report) {
                     k.allreduce_device("mismatch/dtype", &mut t, ReduceOp::Sum)
                 })
             }),
+        );
+        report.check(
+            "a refused tensor of a device group is untouched, the rest reduced",
+            refused(kolo, &stream),
         );
         report.check(
             "CPU/GPU mix",
@@ -227,14 +235,10 @@ fn fusion(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
             )
         })
         .collect::<Result<_, _>>()?;
-    let names: Vec<String> = (0..100).map(|t| format!("fused/{t}")).collect();
+    let group =
+        TensorGroup::new((0..100).map(|t| format!("fused/{t}"))).map_err(|e| e.to_string())?;
     let before = kolo.stats();
-    let mut group: Vec<(&str, &mut CudaSlice<f32>)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(bufs.iter_mut())
-        .collect();
-    kolo.grouped_allreduce_device(&mut group, ReduceOp::Sum)
+    kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     for (t, buf) in bufs.iter().enumerate() {
         let want: Vec<f32> = (0..t * 3 + 1).map(|i| summed::<f32>(size, i + t)).collect();
@@ -250,6 +254,75 @@ fn fusion(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// One device TensorGroup submitted step after step (new values each
+/// step, blocking and in a scope): every step's sums land in the buffers,
+/// each step as one operation of all the group's tensors.
+fn repeated(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
+    let (rank, size) = (kolo.rank(), kolo.size());
+    let group =
+        TensorGroup::new((0..50).map(|t| format!("repeat/{t}"))).map_err(|e| e.to_string())?;
+    let input = |step: usize, t: usize| -> Vec<f32> {
+        (0..t + 1)
+            .map(|i| value::<f32>(rank, i + t + step))
+            .collect()
+    };
+    let before = kolo.stats();
+    let steps = 4;
+    for step in 0..steps {
+        let mut bufs: Vec<CudaSlice<f32>> = (0..50)
+            .map(|t| upload(s, &input(step, t)))
+            .collect::<Result<_, _>>()?;
+        if step % 2 == 0 {
+            kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum)
+        } else {
+            kolo.device_scope(|scope| {
+                scope
+                    .allreduce_group_async(&group, bufs.iter_mut(), ReduceOp::Sum)?
+                    .wait()
+            })
+        }
+        .map_err(|e| format!("step {step}: {e}"))?;
+        for (t, buf) in bufs.iter().enumerate() {
+            let want: Vec<f32> = (0..t + 1)
+                .map(|i| summed::<f32>(size, i + t + step))
+                .collect();
+            expect_eq(&download(s, buf)?, &want)
+                .map_err(|e| format!("step {step}, tensor {t}: {e}"))?;
+        }
+    }
+    let after = kolo.stats();
+    let ops = after.tensors_per_operation.get(&50).copied().unwrap_or(0)
+        - before.tensors_per_operation.get(&50).copied().unwrap_or(0);
+    if ops != steps as u64 {
+        return Err(format!(
+            "expected {steps} operations of 50 tensors, stats: {:?}",
+            after.tensors_per_operation
+        ));
+    }
+    Ok(())
+}
+
+/// A device group whose tensor 1 has another length on rank 1: it fails
+/// with a mismatch and is left as it was; the others are reduced.
+fn refused(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
+    let (rank, size) = (kolo.rank(), kolo.size());
+    let group =
+        TensorGroup::new(["refused/0", "refused/1", "refused/2"]).map_err(|e| e.to_string())?;
+    let lens = [4, if rank == 1 { 5 } else { 4 }, 3];
+    let mut bufs: Vec<CudaSlice<f32>> = lens
+        .iter()
+        .map(|&n| upload(s, &vec![rank as f32 + 1.0; n]))
+        .collect::<Result<_, _>>()?;
+    match kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum) {
+        Err(Error::Mismatch { tensor, .. }) if tensor == "refused/1" => {}
+        other => return Err(format!("expected a mismatch of refused/1, got {other:?}")),
+    }
+    let sum = (1..=size).sum::<usize>() as f32;
+    expect_eq(&download(s, &bufs[0])?, &[sum; 4])?;
+    expect_eq(&download(s, &bufs[1])?, &vec![rank as f32 + 1.0; lens[1]])?;
+    expect_eq(&download(s, &bufs[2])?, &[sum; 3])
 }
 
 /// Two allreduces in flight at once inside a scope.

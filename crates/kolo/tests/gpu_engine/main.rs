@@ -7,8 +7,10 @@
 //! a GPU it prints `skipped: ...` and exits 0.
 //!
 //! `--bench` also prints `engine-step:` (1,000 x 16 KiB device gradients
-//! fused through the engine vs one 16 MiB allreduce) and `engine-small:`
-//! (8-byte allreduce latency through the engine). With `--bench` the
+//! of one TensorGroup through the engine vs one 16 MiB allreduce) and
+//! `engine-small:` (8-byte allreduce latency through the engine), and, in
+//! thread mode, `backend-step:` / `backend-small:`: the same on kolo-nccl
+//! directly in the same run, with the engine / backend ratios. With `--bench` the
 //! engine writes no timeline (rank 0 would record every tensor's events
 //! inside the timed steps); the runs without it check the timeline.
 //!
@@ -29,6 +31,8 @@ pub struct Report {
     pub rank: usize,
     pub passed: usize,
     pub failed: Vec<String>,
+    /// Rank 0's `--bench` numbers.
+    pub bench: Option<bench::Numbers>,
 }
 
 impl Report {
@@ -171,8 +175,12 @@ fn run_engine(n: usize, bench: bool) -> bool {
     let results = kolo::nccl::run_with(n, config, options(), |kolo: &Kolo| {
         Ok(rank_checks(kolo, bench, "thread per GPU"))
     });
+    let mut baseline = Report::default();
     let mut ok = match results {
         Ok(reports) => {
+            if let Some(numbers) = reports.iter().find_map(|r| r.bench) {
+                baseline.check("backend baseline", bench::backend(n, options(), numbers));
+            }
             for r in &reports {
                 println!(
                     "rank {}: {} passed, {} failed",
@@ -191,6 +199,7 @@ fn run_engine(n: usize, bench: bool) -> bool {
             false
         }
     };
+    ok &= baseline.failed.is_empty();
     if !bench {
         let mut report = Report::default();
         report.check("timeline", checks::timeline(&timeline));

@@ -285,9 +285,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             return None;
         }
         let head = cache.response(*slots.first()?)?;
-        if head.kind != ResponseKind::Op(RequestKind::Allreduce)
-            || crate::engine::placement::on_device(head)
-        {
+        if head.kind != ResponseKind::Op(RequestKind::Allreduce) || !self.whole_served(head) {
             return None;
         }
         let ids = Arc::clone(ids);
@@ -299,7 +297,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             stats.record_cycle(false, slots.len());
             stats.record_operation(slots.len());
         }
-        with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, whole));
+        self.perform_whole(head, whole);
         Some(ids)
     }
 
@@ -391,14 +389,11 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         // A repeated group: one fused allreduce over one whole submission
         // of lent tensors, without reading the other responses.
         let fused_allreduce = head.kind == ResponseKind::Op(RequestKind::Allreduce);
-        if fused_allreduce
-            && !self.timeline.is_enabled()
-            && !crate::engine::placement::on_device(head)
-        {
+        if fused_allreduce && !self.timeline.is_enabled() && self.whole_served(head) {
             if let Some(whole) = self.whole_submission(work, members) {
                 let ids = self.batches.ids(whole.key()).map(Arc::clone);
                 self.shared.stats.lock().record_operation(members.len());
-                with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, whole));
+                self.perform_whole(head, whole);
                 return ids;
             }
         }

@@ -243,14 +243,10 @@ impl Table {
             inputs,
             payloads,
             lease,
-            staging,
             quiet,
             ..
         } = group;
         let completion = Completion::new(names, payloads, lease, self.progress.clone());
-        if let Some(staging) = staging {
-            completion.keep_staging(staging);
-        }
         let requests = if repeat {
             Requests::Repeat
         } else {

@@ -3,7 +3,8 @@
 
 use crate::engine::names::TensorNames;
 use crate::error::Error;
-use crate::tensor::{shape_problem, TensorMut};
+use crate::placed::PlacedMut;
+use crate::tensor::shape_problem;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
@@ -95,7 +96,7 @@ impl TensorGroup {
     #[inline]
     pub(crate) fn each_buffer<'t, T: 't>(
         &self,
-        tensors: impl Iterator<Item = TensorMut<'t, T>>,
+        tensors: impl Iterator<Item = PlacedMut<'t, T>>,
         mut f: impl FnMut(&'t mut [T], &[usize]),
     ) -> Result<(), Error> {
         let mut given = 0;
@@ -103,7 +104,11 @@ impl TensorGroup {
             if given == self.len() {
                 return Err(self.count_error(format!("more than {given}")));
             }
-            let (data, shape) = tensor.into_parts();
+            let (data, shape) = match tensor {
+                PlacedMut::Host(tensor) => tensor.into_parts(),
+                #[cfg(feature = "nccl")]
+                other => return Err(self.memory_error(given, "host memory", other.memory())),
+            };
             if let Some(reason) = shape_problem(&shape, data.len()) {
                 return Err(Error::InvalidArgument {
                     tensor: self.name(given).to_owned(),
@@ -117,6 +122,18 @@ impl TensorGroup {
             return Err(self.count_error(given.to_string()));
         }
         Ok(())
+    }
+
+    /// The error of tensor `index`, in `memory` where the group's first
+    /// tensor is in `first`.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn memory_error(&self, index: usize, first: &str, memory: &str) -> Error {
+        Error::InvalidArgument {
+            tensor: self.name(index).to_owned(),
+            reason: format!(
+                "the tensor is in {memory}, but the group's first tensor is in {first}"
+            ),
+        }
     }
 
     /// Fails unless `given` buffers, one per tensor, were given.

@@ -21,9 +21,10 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-/// A scope for zero-copy collectives on host tensors (see
+/// A scope for zero-copy collectives on host or device tensors (see
 /// [`Kolo::scope`]): tensors borrowed for `'scope` may be submitted, and
-/// the scope does not end before the engine is done with all of them.
+/// the scope does not end before the engine is done with all of them (on
+/// a GPU, before the GPU is).
 pub struct Scope<'scope, 'env: 'scope> {
     core: ScopeCore<'scope, 'env>,
 }
@@ -34,8 +35,7 @@ impl std::fmt::Debug for Scope<'_, '_> {
     }
 }
 
-/// What every scope ([`crate::Scope`], the GPU engine's device scope)
-/// holds: the engine, the leases on the tensors lent in it, and its two
+/// What a [`crate::Scope`] holds: the engine, the leases on the tensors lent in it, and its two
 /// lifetimes (invariant, like `std::thread::Scope`'s): `'scope`, for which
 /// tensors are lent, inside `'env`, for which the engine is borrowed.
 pub(crate) struct ScopeCore<'scope, 'env: 'scope> {
@@ -79,8 +79,9 @@ impl<'env> ScopeCore<'_, 'env> {
 }
 
 impl Kolo {
-    /// Runs `f` with a scope in which host collectives are submitted
-    /// without a copy: the engine reduces the caller's buffers in place.
+    /// Runs `f` with a scope in which collectives are submitted without
+    /// blocking and without a copy of what they write: the engine reduces
+    /// the caller's buffers in place, host or device memory alike.
     /// Returns `f`'s result once the engine is done with every tensor
     /// submitted in the scope (a panic in `f` is resumed after that); the
     /// results are in the buffers when the scope has returned.

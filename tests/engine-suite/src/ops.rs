@@ -247,10 +247,13 @@ pub fn handles_wait_poll_and_await(kolo: &Kolo) -> Result<Digest, Error> {
     assert_eq!(a, vec![n; 100]);
 
     // .await
+    // What a scope's calls read, like what they write, is lent to the
+    // scope for its whole life.
     let mut b = vec![2i32; 10];
+    let mine = [kolo.rank() as u8];
     let gathered = kolo.scope(|s| {
         futures_executor::block_on(s.allreduce_async("await", &mut b, ReduceOp::Sum)?)?;
-        futures_executor::block_on(s.allgather_async("await/g", &[kolo.rank() as u8])?)
+        futures_executor::block_on(s.allgather_async("await/g", &mine)?)
     })?;
     assert_eq!(b, vec![2 * n; 10]);
     assert_eq!(gathered, (0..n as u8).collect::<Vec<_>>());

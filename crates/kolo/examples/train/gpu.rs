@@ -64,7 +64,7 @@ impl GradReducer for DeviceReducer {
                 .group
                 .insert(TensorGroup::new(names.iter().map(|n| format!("grad/{n}")))?),
         };
-        kolo.allreduce_group_device(group, self.buffers.iter_mut(), ReduceOp::Average)?;
+        kolo.allreduce_group(group, self.buffers.iter_mut(), ReduceOp::Average)?;
         for (grad, buffer) in grads.iter_mut().zip(&self.buffers) {
             self.stream
                 .memcpy_dtoh(buffer, grad)

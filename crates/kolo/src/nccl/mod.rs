@@ -12,14 +12,20 @@
 //! so do host tensors on these engines: they keep using the controller's
 //! host collectives, while device tensors go to NCCL.
 //!
-//! Device collectives are submitted blocking ([`Kolo::allreduce_device`](crate::Kolo::allreduce_device),
-//! ...) or asynchronously inside a [`Kolo::device_scope`](crate::Kolo::device_scope). At submission
-//! one event is recorded on each stream of the submitted tensors; the
-//! engine's NCCL stream waits for it on the GPU (never a CPU sync) and
-//! performs the agreed operation on the tensors' addresses — ready
-//! allreduces of one dtype / op fused through a persistent device fusion
-//! buffer, with no cudarc event per tensor. The handle completes when the
-//! GPU work has completed, so the result is visible to every stream.
+//! Device tensors go through the same calls as host tensors: blocking on
+//! [`Kolo`](crate::Kolo) (`kolo.allreduce("grad", &mut cuda_slice, Sum)`)
+//! or asynchronously inside a [`Kolo::scope`](crate::Kolo::scope), and
+//! repeated steps as one [`TensorGroup`](crate::TensorGroup); the traits
+//! [`IntoTensorMut`](crate::IntoTensorMut) and
+//! [`IntoTensor`](crate::IntoTensor) list what the calls take. At
+//! submission one event is recorded on each stream of the submitted
+//! tensors; the engine's NCCL stream waits for it on the GPU (never a CPU
+//! sync) and performs the agreed operation on the tensors' addresses —
+//! ready allreduces of one dtype / op fused by kolo-fusion on device
+//! memory (one batched pack into a persistent fusion buffer, one NCCL
+//! allreduce, one batched unpack), with no cudarc event per tensor. The
+//! handle completes when the GPU work has completed, so the result is
+//! visible to every stream.
 //!
 //! ```no_run
 //! use kolo::nccl::cudarc::driver::CudaSlice;
@@ -31,7 +37,7 @@
 //!     let mut grad: CudaSlice<f32> = stream
 //!         .clone_htod(&[kolo.rank() as f32 + 1.0; 4])
 //!         .map_err(|e| kolo::Error::Start { message: format!("{e:?}") })?;
-//!     kolo.allreduce_device("grad", &mut grad, kolo::ReduceOp::Sum)?;
+//!     kolo.allreduce("grad", &mut grad, kolo::ReduceOp::Sum)?;
 //!     stream
 //!         .clone_dtoh(&grad)
 //!         .map_err(|e| kolo::Error::Start { message: format!("{e:?}") })
@@ -55,6 +61,5 @@ pub use kolo_nccl::{DeviceElement, NcclOptions};
 pub use plane::{
     NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
-pub use scope::DeviceScope;
 pub use start::{run, run_with};
 pub use tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};

@@ -1,43 +1,31 @@
-//! Device collectives as the caller submits them: inside a
-//! [`DeviceScope`] (async, like `std::thread::scope`), or blocking on
-//! [`Kolo`] itself.
+//! Device collectives: the scope's calls ([`crate::Scope`], and the
+//! blocking calls on [`crate::Kolo`], which run in a scope of their own)
+//! on tensors that live on the engine's GPU.
 //!
 //! The engine works on the caller's device memory directly, with no copy
 //! to the host. Safe Rust cannot rely on a handle being dropped (it may be
-//! leaked), so the borrow is tied to a scope instead: [`Kolo::device_scope`]
-//! returns only once the engine is done with every tensor submitted in it,
-//! whatever became of the handles.
+//! leaked), so the borrow is tied to the scope instead: [`Kolo::scope`]
+//! returns only once the engine is done with every tensor submitted in
+//! it — for device tensors, once the GPU is — whatever became of the
+//! handles.
 
-use super::tensor::{
-    DeviceArgs, DeviceDone, DeviceReceived, DeviceTensor, DeviceTensorMut, OnDevice, ReadyEvents,
-};
+use super::tensor::{DeviceArgs, DeviceDone, DeviceTensor, DeviceTensorMut, OnDevice, ReadyEvents};
 use crate::engine::submission::{Input, Inputs, Submission};
 use crate::error::Error;
 use crate::group::TensorGroup;
 use crate::handle::Handle;
+#[allow(unused_imports)] // named in the docs
 use crate::kolo::Kolo;
-use crate::ops::ReduceOptions;
-use crate::scope::ScopeCore;
-use crate::split::split_rows;
+use crate::ops::{my_rows, ReduceOptions};
+use crate::placed::PlacedMut;
+use crate::scope::Scope;
 use crate::tensor::shape_problem;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice};
-use kolo_nccl::{DeviceElement, Untracked};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice};
+use kolo_nccl::Untracked;
 use kolo_protocol::{Device, Params, RequestKind};
+use kolo_transport::Element;
 use std::any::{Any, TypeId};
 use std::sync::Arc;
-
-/// A scope for asynchronous device collectives (see
-/// [`Kolo::device_scope`]): tensors borrowed for `'scope` may be submitted,
-/// and the scope does not end before the engine is done with all of them.
-pub struct DeviceScope<'scope, 'env: 'scope> {
-    core: ScopeCore<'scope, 'env>,
-}
-
-impl std::fmt::Debug for DeviceScope<'_, '_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.core.debug("DeviceScope", f)
-    }
-}
 
 /// One tensor ready to be submitted.
 struct Item<T: 'static> {
@@ -48,160 +36,39 @@ struct Item<T: 'static> {
     streams: Vec<Arc<CudaStream>>,
 }
 
-impl Kolo {
-    /// Runs `f` with a scope in which device collectives are submitted
-    /// without blocking (`scope.allreduce_async(...)` returns a [`Handle`]);
-    /// returns `f`'s result once the engine is done with every tensor
-    /// submitted in the scope (a panic in `f` is resumed after that).
-    ///
-    /// Needs a GPU engine ([`crate::nccl::run`], `Kolo::init_nccl_mpi`);
-    /// the tensors must live on its device ([`Kolo::gpu`]).
-    pub fn device_scope<'env, R>(
-        &'env self,
-        f: impl for<'scope> FnOnce(&'scope DeviceScope<'scope, 'env>) -> R,
-    ) -> R {
-        let scope = DeviceScope {
-            core: ScopeCore::new(self),
-        };
-        ScopeCore::run(Arc::clone(&scope.core.leases), || f(&scope))
-    }
-
-    /// Reduces the device tensor `buf` across all ranks, in place
-    /// (blocking; see [`DeviceScope::allreduce_async`]).
-    pub fn allreduce_device<'t, T: DeviceElement>(
-        &self,
-        name: &str,
-        buf: impl Into<DeviceTensorMut<'t, T>>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<(), Error> {
-        let (buf, options) = (buf.into(), options.into());
-        self.device_scope(|s| s.allreduce_async(name, buf, options)?.wait())
-    }
-
-    /// Allreduces the device tensors of `group` (blocking, in place):
-    /// `tensors` holds one buffer per tensor (a `&mut CudaSlice`, a view or
-    /// a [`DeviceTensorMut`] with a shape), in the group's order. As
-    /// [`Kolo::allreduce_group`] on the host: the engine recognises the
-    /// group by the [`TensorGroup`] alone, a repeated step is one fused
-    /// NCCL allreduce straight over the buffers, and a tensor the
-    /// negotiation refuses is left as it was while the others are reduced.
-    pub fn allreduce_group_device<'t, T, V>(
-        &self,
-        group: &TensorGroup,
-        tensors: impl IntoIterator<Item = V>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<(), Error>
-    where
-        T: DeviceElement,
-        V: Into<DeviceTensorMut<'t, T>>,
-    {
-        let options = options.into();
-        let tensors: Vec<DeviceTensorMut<'t, T>> = tensors.into_iter().map(Into::into).collect();
-        self.device_scope(|s| s.lend_group(group, tensors.into_iter(), options)?.wait())
-    }
-
-    /// Gathers every rank's device tensor along the first dimension, in
-    /// rank order, into a new device buffer on the engine's stream
-    /// (blocking; see [`DeviceScope::allgather_async`]).
-    pub fn allgather_device<'t, T: DeviceElement>(
-        &self,
-        name: &str,
-        input: impl Into<DeviceTensor<'t, T>>,
-    ) -> Result<CudaSlice<T>, Error> {
-        let input = input.into();
-        self.device_scope(|s| s.allgather_async(name, input)?.wait())
-    }
-
-    /// Sends `splits[p]` rows of the device tensor `send` to each rank p
-    /// and returns what every rank sent here, in rank order, in a new
-    /// device buffer, with the row counts (blocking; empty `splits` split
-    /// evenly).
-    pub fn alltoall_device<'t, T: DeviceElement>(
-        &self,
-        name: &str,
-        send: impl Into<DeviceTensor<'t, T>>,
-        splits: &[usize],
-    ) -> Result<DeviceReceived<T>, Error> {
-        let send = send.into();
-        self.device_scope(|s| s.alltoall_async(name, send, splits)?.wait())
-    }
-
-    /// Copies the root's device tensor into every rank's (blocking).
-    pub fn broadcast_device<'t, T: DeviceElement>(
-        &self,
-        name: &str,
-        buf: impl Into<DeviceTensorMut<'t, T>>,
-        root: usize,
-    ) -> Result<(), Error> {
-        let buf = buf.into();
-        self.device_scope(|s| s.broadcast_async(name, buf, root)?.wait())
-    }
-
-    /// Reduces the device tensor `input` across all ranks and leaves this
-    /// rank's rows in `output` (blocking; rows split as
-    /// [`crate::split_rows`]).
-    pub fn reduce_scatter_device<'i, 'o, T: DeviceElement>(
-        &self,
-        name: &str,
-        input: impl Into<DeviceTensor<'i, T>>,
-        output: impl Into<DeviceTensorMut<'o, T>>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<(), Error> {
-        let (input, output, options) = (input.into(), output.into(), options.into());
-        self.device_scope(|s| s.reduce_scatter_async(name, input, output, options)?.wait())
-    }
-}
-
-impl<'scope> DeviceScope<'scope, '_> {
+impl<'scope> Scope<'scope, '_> {
     /// Submits an in-place allreduce of the device tensor `buf`. The
     /// engine's work follows everything enqueued on `buf`'s stream before
     /// the call (and `buf`'s earlier uses as cudarc tracks them). The
     /// handle completes once the GPU has written the result into `buf`,
     /// so any stream may use it after `wait` returns.
-    pub fn allreduce_async<T: DeviceElement>(
-        &'scope self,
+    pub(crate) fn allreduce_on_device<T: Element>(
+        &self,
         name: &str,
-        buf: impl Into<DeviceTensorMut<'scope, T>>,
-        options: impl Into<ReduceOptions>,
+        buf: DeviceTensorMut<'scope, T>,
+        options: ReduceOptions,
     ) -> Result<Handle<'scope, ()>, Error> {
-        let template = self.allreduce_template::<T>(name, options.into())?;
-        let mut submission = Submission::new(template, 1, false, Some(self.core.leases.lease()));
+        let template = self.allreduce_template::<T>(name, options)?;
+        let mut submission = Submission::new(template, 1, false, Some(self.lease()));
         self.lend(
             &mut submission,
-            std::iter::once((Some(name), buf.into())),
+            std::iter::once((Some(name), PlacedMut::Device(buf))),
             |_| name,
         )?;
         self.submit_lent(submission)
     }
 
-    /// Submits the in-place allreduces of the device tensors of `group`:
-    /// `tensors` gives one buffer per tensor, in the group's order; one
-    /// handle for them all (see [`Kolo::allreduce_group_device`]). On an
+    /// Submits the in-place allreduces of the device tensors of `group`
+    /// (see [`Kolo::allreduce_group`]): one handle for them all; on an
     /// error at submission nothing is submitted.
-    pub fn allreduce_group_async<T, V>(
-        &'scope self,
+    pub(crate) fn allreduce_group_on_device<T: Element>(
+        &self,
         group: &TensorGroup,
-        tensors: impl IntoIterator<Item = V>,
-        options: impl Into<ReduceOptions>,
-    ) -> Result<Handle<'scope, ()>, Error>
-    where
-        T: DeviceElement,
-        V: Into<DeviceTensorMut<'scope, T>>,
-    {
-        let tensors = tensors.into_iter().map(Into::into);
-        self.lend_group(group, tensors, options.into())
-    }
-
-    /// [`DeviceScope::allreduce_group_async`] of converted tensors.
-    fn lend_group<T: DeviceElement>(
-        &'scope self,
-        group: &TensorGroup,
-        tensors: impl Iterator<Item = DeviceTensorMut<'scope, T>>,
+        tensors: impl Iterator<Item = PlacedMut<'scope, T>>,
         options: ReduceOptions,
     ) -> Result<Handle<'scope, ()>, Error> {
         let template = self.allreduce_template::<T>(group.name(0), options)?;
-        let lease = Some(self.core.leases.lease());
-        let mut submission = Submission::known(template, group.list(), lease);
+        let mut submission = Submission::known(template, group.list(), Some(self.lease()));
         let given = self.lend(&mut submission, tensors.map(|t| (None, t)), |i| {
             group.name(i)
         })?;
@@ -211,12 +78,12 @@ impl<'scope> DeviceScope<'scope, '_> {
 
     /// The parameters shared by the allreduces of one submission on the
     /// engine's GPU (`name` names the first tensor in errors).
-    fn allreduce_template<T: DeviceElement>(
+    fn allreduce_template<T: Element>(
         &self,
         name: &str,
         options: ReduceOptions,
     ) -> Result<Params, Error> {
-        let Some(gpu) = self.core.kolo.gpu() else {
+        let Some(gpu) = self.kolo().gpu() else {
             return Err(Error::InvalidArgument {
                 tensor: name.to_owned(),
                 reason: crate::engine::placement::NO_GPU_ENGINE.into(),
@@ -225,8 +92,7 @@ impl<'scope> DeviceScope<'scope, '_> {
         Ok(Params {
             device: Device::Cuda(gpu as u32),
             ..self
-                .core
-                .kolo
+                .kolo()
                 .reduce_params(RequestKind::Allreduce, &[], T::DTYPE, options)
         })
     }
@@ -237,17 +103,29 @@ impl<'scope> DeviceScope<'scope, '_> {
     /// earlier uses as cudarc tracks them; then records one ready event
     /// per stream, after those waits, for the engine's stream to wait for.
     /// Returns the number of tensors.
-    fn lend<'n, 'g, T: DeviceElement>(
+    fn lend<'n, 'g, T: Element>(
         &self,
         submission: &mut Submission<'n>,
-        tensors: impl Iterator<Item = (Option<&'n str>, DeviceTensorMut<'scope, T>)>,
+        tensors: impl Iterator<Item = (Option<&'n str>, PlacedMut<'scope, T>)>,
         name_of: impl Fn(usize) -> &'g str,
     ) -> Result<usize, Error> {
         submission.inputs = Inputs::on_device(TypeId::of::<OnDevice<T>>(), submission.len());
-        let gpu = self.core.kolo.gpu();
+        let gpu = self.kolo().gpu();
         let mut streams: Vec<Arc<CudaStream>> = Vec::with_capacity(1);
         let mut given = 0;
-        for (name, mut tensor) in tensors {
+        for (name, tensor) in tensors {
+            let mut tensor = match tensor {
+                PlacedMut::Device(tensor) => tensor,
+                other => {
+                    return Err(Error::InvalidArgument {
+                        tensor: name_of(given).to_owned(),
+                        reason: format!(
+                            "the tensor is in {}, but the group's first tensor is in GPU memory",
+                            other.memory()
+                        ),
+                    })
+                }
+            };
             let len = tensor.view.len();
             check_shape(name_of(given), &tensor.shape, len)?;
             let on = match streams
@@ -285,39 +163,20 @@ impl<'scope> DeviceScope<'scope, '_> {
         Ok(given)
     }
 
-    /// Submits tensors lent by [`DeviceScope::lend`].
+    /// Submits tensors lent by [`Scope::lend`].
     fn submit_lent(&self, submission: Submission<'_>) -> Result<Handle<'scope, ()>, Error> {
-        let completion = self.core.kolo.submit(submission)?;
+        let completion = self.kolo().submit(submission)?;
         Ok(Handle::new(completion, |_| Ok(())))
     }
 
-    /// Submits an allgather of the device tensor `input`: every rank's rows
-    /// in rank order, in a new buffer allocated on the engine's stream (the
-    /// first dimension may differ per rank). A gather of zero elements
-    /// returns a buffer of one element.
-    pub fn allgather_async<T: DeviceElement>(
-        &'scope self,
-        name: &str,
-        input: impl Into<DeviceTensor<'scope, T>>,
-    ) -> Result<Handle<'scope, CudaSlice<T>>, Error> {
-        self.gathering(name, RequestKind::Allgather, input.into(), &[])
-    }
-
-    /// Submits an alltoall of the device tensor `send` (see
-    /// [`Kolo::alltoall_device`]).
-    pub fn alltoall_async<T: DeviceElement>(
-        &'scope self,
-        name: &str,
-        send: impl Into<DeviceTensor<'scope, T>>,
-        splits: &[usize],
-    ) -> Result<Handle<'scope, DeviceReceived<T>>, Error> {
-        self.gathering(name, RequestKind::Alltoall, send.into(), splits)
-    }
-
-    /// Submits an operation that reads `input` and returns an output of
-    /// type `O` the engine allocates (allgather, alltoall).
-    fn gathering<T: DeviceElement, O: Send + 'static>(
-        &'scope self,
+    /// Submits an operation that reads the device tensor `input` and
+    /// returns an output of type `O` the engine allocates on its stream:
+    /// an allgather (every rank's rows in rank order, the first dimension
+    /// may differ per rank; a gather of zero elements returns a buffer of
+    /// one element) or an alltoall (a
+    /// [`DeviceReceived`](super::DeviceReceived)).
+    pub(crate) fn gather_on_device<T: Element, O: Send + 'static>(
+        &self,
         name: &str,
         kind: RequestKind,
         input: DeviceTensor<'scope, T>,
@@ -327,11 +186,11 @@ impl<'scope> DeviceScope<'scope, '_> {
         let params = Params {
             device: self.device_of(name, input.view.stream())?,
             splits: splits.iter().map(|&s| s as u64).collect(),
-            ..self.core.kolo.params(kind, T::DTYPE, &input.shape)
+            ..self.kolo().params(kind, T::DTYPE, &input.shape)
         };
         let item = self.item(name, params, Some(input.view), None)?;
         let tensor = name.to_owned();
-        self.submit(vec![item], move |mut outputs| {
+        self.submit_items(vec![item], move |mut outputs| {
             outputs
                 .pop()
                 .flatten()
@@ -343,18 +202,13 @@ impl<'scope> DeviceScope<'scope, '_> {
 
     /// Submits a broadcast of the root's device tensor into every rank's
     /// `buf`.
-    pub fn broadcast_async<T: DeviceElement>(
-        &'scope self,
+    pub(crate) fn broadcast_on_device<T: Element>(
+        &self,
         name: &str,
-        buf: impl Into<DeviceTensorMut<'scope, T>>,
-        root: usize,
+        buf: DeviceTensorMut<'scope, T>,
+        root_rank: u32,
     ) -> Result<Handle<'scope, ()>, Error> {
-        let buf = buf.into();
         check_shape(name, &buf.shape, buf.view.len())?;
-        let root_rank = u32::try_from(root).map_err(|_| Error::InvalidArgument {
-            tensor: name.to_owned(),
-            reason: format!("root rank {root} is out of range"),
-        })?;
         let params = Params {
             root_rank,
             ..self.params::<T>(
@@ -366,35 +220,20 @@ impl<'scope> DeviceScope<'scope, '_> {
             )?
         };
         let item = self.item(name, params, None, Some(buf.view))?;
-        self.submit(vec![item], |_| Ok(()))
+        self.submit_items(vec![item], |_| Ok(()))
     }
 
     /// Submits a reduce-scatter: `input` is reduced across all ranks and
     /// this rank's share of its first dimension lands in `output`.
-    pub fn reduce_scatter_async<T: DeviceElement>(
-        &'scope self,
+    pub(crate) fn reduce_scatter_on_device<T: Element>(
+        &self,
         name: &str,
-        input: impl Into<DeviceTensor<'scope, T>>,
-        output: impl Into<DeviceTensorMut<'scope, T>>,
-        options: impl Into<ReduceOptions>,
+        input: DeviceTensor<'scope, T>,
+        output: DeviceTensorMut<'scope, T>,
+        options: ReduceOptions,
     ) -> Result<Handle<'scope, ()>, Error> {
-        let (input, output) = (input.into(), output.into());
-        let options = options.into();
         check_shape(name, &input.shape, input.view.len())?;
-        if let Some((&rows, rest)) = input.shape.split_first() {
-            let row: usize = rest.iter().product();
-            let (rank, size) = (self.core.kolo.rank(), self.core.kolo.size());
-            let mine = split_rows(rows, size).get(rank).copied().unwrap_or(0) * row;
-            if output.view.len() != mine {
-                return Err(Error::InvalidArgument {
-                    tensor: name.to_owned(),
-                    reason: format!(
-                        "rank {rank} keeps {mine} elements of the {rows} rows, but the output holds {}",
-                        output.view.len()
-                    ),
-                });
-            }
-        }
+        my_rows(self.kolo(), name, &input.shape, output.view.len())?;
         // Both buffers must live on the engine's GPU: a rank failing to
         // enqueue would leave its peers waiting in NCCL.
         self.device_of(name, input.view.stream())?;
@@ -406,12 +245,12 @@ impl<'scope> DeviceScope<'scope, '_> {
             options,
         )?;
         let item = self.item(name, params, Some(input.view), Some(output.view))?;
-        self.submit(vec![item], |_| Ok(()))
+        self.submit_items(vec![item], |_| Ok(()))
     }
 
     /// The parameters of a tensor of `shape` on `stream` (which must be on
     /// the engine's GPU) with the reduction `options`.
-    fn params<T: DeviceElement>(
+    fn params<T: Element>(
         &self,
         name: &str,
         kind: RequestKind,
@@ -421,20 +260,20 @@ impl<'scope> DeviceScope<'scope, '_> {
     ) -> Result<Params, Error> {
         Ok(Params {
             device: self.device_of(name, stream)?,
-            ..self.core.kolo.reduce_params(kind, shape, T::DTYPE, options)
+            ..self.kolo().reduce_params(kind, shape, T::DTYPE, options)
         })
     }
 
     /// The device of a tensor on `stream`, which must be the engine's GPU.
     fn device_of(&self, name: &str, stream: &Arc<CudaStream>) -> Result<Device, Error> {
         let ordinal = stream.context().ordinal();
-        match self.core.kolo.gpu() {
+        match self.kolo().gpu() {
             Some(gpu) if gpu == ordinal => Ok(Device::Cuda(ordinal as u32)),
             Some(gpu) => Err(Error::InvalidArgument {
                 tensor: name.to_owned(),
                 reason: format!(
                     "the tensor lives on cuda:{ordinal}, but rank {} reduces on cuda:{gpu}",
-                    self.core.kolo.rank()
+                    self.kolo().rank()
                 ),
             }),
             None => Err(Error::InvalidArgument {
@@ -447,8 +286,8 @@ impl<'scope> DeviceScope<'scope, '_> {
     /// One tensor's engine arguments: its addresses, each buffer's stream
     /// made to wait (on the GPU) for the buffer's earlier uses as cudarc
     /// tracks them, and a lease on the memory. The ready events come in
-    /// [`DeviceScope::submit`], after every tensor's waits.
-    fn item<T: DeviceElement>(
+    /// [`Scope::submit`], after every tensor's waits.
+    fn item<T: Element>(
         &self,
         name: &str,
         params: Params,
@@ -466,7 +305,7 @@ impl<'scope> DeviceScope<'scope, '_> {
         }
         // SAFETY: the memory stays borrowed for 'scope, and the engine uses
         // these addresses only until it drops the `DeviceArgs` below, which
-        // releases the lease taken here; `Kolo::device_scope` does not
+        // releases the lease taken here; `Kolo::scope` does not
         // return before every lease of the scope is released — after the
         // GPU work completed, or, on failure, after the views' events were
         // recorded behind it (`DeviceArgs::fence`). The engine's stream
@@ -484,7 +323,7 @@ impl<'scope> DeviceScope<'scope, '_> {
         };
         // SAFETY: only the lifetime changes. The views are used by the
         // engine until it drops these `DeviceArgs`, which releases the
-        // lease taken here; `Kolo::device_scope` does not return before
+        // lease taken here; `Kolo::scope` does not return before
         // every lease of the scope is released, and the memory is borrowed
         // for `'scope`, which outlasts that call. So the views are never
         // used after the borrow ends, whatever happens to the handles.
@@ -505,7 +344,7 @@ impl<'scope> DeviceScope<'scope, '_> {
                 read,
                 write,
                 ready: Vec::new(),
-                _lease: self.core.leases.lease(),
+                _lease: self.lease(),
             },
             streams,
         })
@@ -515,7 +354,7 @@ impl<'scope> DeviceScope<'scope, '_> {
     /// of their streams (the waits of every item come first, so one event
     /// per stream covers them all); the handle turns the engine's outputs
     /// (in the order of `items`) into the result with `finish`.
-    fn submit<T: DeviceElement, O>(
+    fn submit_items<T: Element, O>(
         &self,
         items: Vec<Item<T>>,
         finish: impl FnOnce(Vec<Option<Box<dyn Any + Send>>>) -> Result<O, Error> + Send + 'scope,
@@ -549,7 +388,7 @@ impl<'scope> DeviceScope<'scope, '_> {
             let shape = item.params.shape.clone();
             group.push(name, &shape, Input::Owned(Box::new(item.args)));
         }
-        let completion = self.core.kolo.submit(group)?;
+        let completion = self.kolo().submit(group)?;
         Ok(Handle::new(completion, move |payloads| {
             let mut outputs = Vec::with_capacity(payloads.len());
             for (tensor, payload) in names.iter().zip(payloads) {

@@ -6,9 +6,12 @@
 
 use super::ready::ReadyEvent;
 use crate::engine::lease::Lease;
+use crate::placed::sealed::Sealed;
+use crate::placed::{IntoTensor, IntoTensorMut, Placed, PlacedMut};
 use crate::tensor::Dims;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
+use kolo_transport::Element;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -105,7 +108,7 @@ pub struct DeviceReceived<T> {
 
 /// The caller's memory the engine works on for one tensor, with the
 /// borrow's lifetime erased: the [`Lease`] keeps the caller's scope
-/// waiting until this value is dropped (see `DeviceScope`).
+/// waiting until this value is dropped (see `Scope`).
 ///
 /// The engine works on the addresses (`read`, `write`): no cudarc event
 /// per tensor and use. The views stay for the failure path, where the
@@ -184,3 +187,42 @@ impl ReadyEvents {
         self.recorded.iter().map(|(_, event)| &**event)
     }
 }
+
+/// GPU memory in place: anything that is a [`DeviceTensorMut`].
+macro_rules! device_mut {
+    ($($ty:ty),* $(,)?) => {$(
+        impl<'a, T: Element> Sealed for $ty {}
+        impl<'a, T: Element> IntoTensorMut<'a> for $ty {
+            type Elem = T;
+            #[inline]
+            fn placed(self) -> PlacedMut<'a, T> {
+                PlacedMut::Device(self.into())
+            }
+        }
+    )*};
+}
+
+device_mut!(
+    &'a mut CudaSlice<T>,
+    CudaViewMut<'a, T>,
+    DeviceTensorMut<'a, T>
+);
+
+/// GPU memory read: anything that is a [`DeviceTensor`]; its results are
+/// allocated on the engine's GPU.
+macro_rules! device_ref {
+    ($($ty:ty),* $(,)?) => {$(
+        impl<'a, T: Element> Sealed for $ty {}
+        impl<'a, T: Element> IntoTensor<'a> for $ty {
+            type Elem = T;
+            type Gathered = CudaSlice<T>;
+            type Received = DeviceReceived<T>;
+            #[inline]
+            fn placed(self) -> Placed<'a, T> {
+                Placed::Device(self.into())
+            }
+        }
+    )*};
+}
+
+device_ref!(&'a CudaSlice<T>, CudaView<'a, T>, DeviceTensor<'a, T>);

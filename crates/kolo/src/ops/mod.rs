@@ -18,6 +18,8 @@ use crate::error::Error;
 use kolo_protocol::ReduceOp;
 
 pub use gather::Received;
+#[cfg(feature = "nccl")]
+pub(crate) use reduce::my_rows;
 
 /// How a reduction (allreduce, reduce-scatter) combines the ranks' tensors:
 /// `out = postscale * op_r(prescale * in_r)`. A bare [`ReduceOp`] converts

@@ -79,7 +79,7 @@ fn group_step(
     op: ReduceOp,
 ) -> Result<Duration, String> {
     median(3, 10, || {
-        kolo.allreduce_group_device(group, grads.iter_mut(), op)
+        kolo.allreduce_group(group, grads.iter_mut(), op)
             .map_err(|e| e.to_string())
     })
 }
@@ -96,7 +96,7 @@ fn bench(kolo: &Kolo, mode: &str) -> Result<Option<Numbers>, String> {
     let step_untracked = group_step(kolo, &group, &mut grads, ReduceOp::Average)?;
     let mut big = upload(&s, &vec![1.0f32; 1000 * elems])?;
     let single = median(3, 10, || {
-        kolo.allreduce_device("bench/16MiB", &mut big, ReduceOp::Average)
+        kolo.allreduce("bench/16MiB", &mut big, ReduceOp::Average)
             .map_err(|e| e.to_string())
     })?;
     // The engine's per-tensor cost: 1,000 one-element tensors, on the
@@ -113,7 +113,7 @@ fn bench(kolo: &Kolo, mode: &str) -> Result<Option<Numbers>, String> {
     })?;
     let mut small = upload(&s, &[1.0f32; 2])?;
     let latency = median(20, 200, || {
-        kolo.allreduce_device("bench/8B", &mut small, ReduceOp::Sum)
+        kolo.allreduce("bench/8B", &mut small, ReduceOp::Sum)
             .map_err(|e| e.to_string())
     })?;
     if kolo.rank() != 0 {

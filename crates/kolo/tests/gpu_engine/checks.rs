@@ -85,7 +85,7 @@ pub fn run_all(kolo: &Kolo, report: &mut Report) {
             mismatch(kolo, &stream, "shape", |k, s| {
                 let len = 4 + 4 * k.rank();
                 let mut t = upload(s, &vec![1.0f32; len])?;
-                Ok(k.allreduce_device("mismatch/shape", &mut t, ReduceOp::Sum))
+                Ok(k.allreduce("mismatch/shape", &mut t, ReduceOp::Sum))
             }),
         );
         report.check(
@@ -93,10 +93,10 @@ pub fn run_all(kolo: &Kolo, report: &mut Report) {
             mismatch(kolo, &stream, "data types", |k, s| {
                 Ok(if k.rank() == 0 {
                     let mut t = upload(s, &[1.0f32; 4])?;
-                    k.allreduce_device("mismatch/dtype", &mut t, ReduceOp::Sum)
+                    k.allreduce("mismatch/dtype", &mut t, ReduceOp::Sum)
                 } else {
                     let mut t = upload(s, &[1i32; 4])?;
-                    k.allreduce_device("mismatch/dtype", &mut t, ReduceOp::Sum)
+                    k.allreduce("mismatch/dtype", &mut t, ReduceOp::Sum)
                 })
             }),
         );
@@ -112,7 +112,7 @@ pub fn run_all(kolo: &Kolo, report: &mut Report) {
                     k.allreduce("mismatch/device", &mut t, ReduceOp::Sum)
                 } else {
                     let mut t = upload(s, &[1.0f32; 4])?;
-                    k.allreduce_device("mismatch/device", &mut t, ReduceOp::Sum)
+                    k.allreduce("mismatch/device", &mut t, ReduceOp::Sum)
                 })
             }),
         );
@@ -128,7 +128,7 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
         (|| {
             let n = 1000;
             let mut t = upload(s, &(0..n).map(|i| value::<T>(rank, i)).collect::<Vec<_>>())?;
-            kolo.allreduce_device(&format!("ar/{dtype}"), &mut t, ReduceOp::Sum)
+            kolo.allreduce(&format!("ar/{dtype}"), &mut t, ReduceOp::Sum)
                 .map_err(|e| e.to_string())?;
             expect_eq(
                 &download(s, &t)?,
@@ -143,7 +143,7 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
             let t = upload(s, &mine)?;
             let tensor = kolo::nccl::DeviceTensor::with_shape(t.as_view(), [rank + 1, 3]);
             let out = kolo
-                .allgather_device(&format!("ag/{dtype}"), tensor)
+                .allgather(&format!("ag/{dtype}"), tensor)
                 .map_err(|e| e.to_string())?;
             let want: Vec<T> = (0..size)
                 .flat_map(|r| (0..3 * (r + 1)).map(move |i| value::<T>(r, i)))
@@ -160,7 +160,7 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
                 s,
                 &(0..100).map(|i| value::<T>(rank, i)).collect::<Vec<_>>(),
             )?;
-            kolo.broadcast_device(&format!("bc/{dtype}"), &mut t, root)
+            kolo.broadcast(&format!("bc/{dtype}"), &mut t, root)
                 .map_err(|e| e.to_string())?;
             expect_eq(
                 &download(s, &t)?,
@@ -181,7 +181,7 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
             )?;
             let tensor = kolo::nccl::DeviceTensor::with_shape(send.as_view(), [rows, 2]);
             let got = kolo
-                .alltoall_device(&format!("a2a/{dtype}"), tensor, &splits)
+                .alltoall(&format!("a2a/{dtype}"), tensor, &splits)
                 .map_err(|e| e.to_string())?;
             // Peer q sent me its block `rank`, which starts after its blocks 0..rank.
             let start = splits[..rank].iter().sum::<usize>() * 2;
@@ -210,7 +210,7 @@ fn ops<T: DeviceElement>(kolo: &Kolo, s: &Arc<CudaStream>, report: &mut Report) 
             let mine = split[rank] * 4;
             let mut out = upload(s, &vec![T::default(); mine])?;
             let tensor = kolo::nccl::DeviceTensor::with_shape(input.as_view(), [rows, 4]);
-            kolo.reduce_scatter_device(&format!("rs/{dtype}"), tensor, &mut out, ReduceOp::Sum)
+            kolo.reduce_scatter(&format!("rs/{dtype}"), tensor, &mut out, ReduceOp::Sum)
                 .map_err(|e| e.to_string())?;
             expect_eq(
                 &download(s, &out)?,
@@ -238,7 +238,7 @@ fn fusion(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
     let group =
         TensorGroup::new((0..100).map(|t| format!("fused/{t}"))).map_err(|e| e.to_string())?;
     let before = kolo.stats();
-    kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum)
+    kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     for (t, buf) in bufs.iter().enumerate() {
         let want: Vec<f32> = (0..t * 3 + 1).map(|i| summed::<f32>(size, i + t)).collect();
@@ -275,9 +275,9 @@ fn repeated(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
             .map(|t| upload(s, &input(step, t)))
             .collect::<Result<_, _>>()?;
         if step % 2 == 0 {
-            kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum)
+            kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum)
         } else {
-            kolo.device_scope(|scope| {
+            kolo.scope(|scope| {
                 scope
                     .allreduce_group_async(&group, bufs.iter_mut(), ReduceOp::Sum)?
                     .wait()
@@ -315,7 +315,7 @@ fn refused(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
         .iter()
         .map(|&n| upload(s, &vec![rank as f32 + 1.0; n]))
         .collect::<Result<_, _>>()?;
-    match kolo.allreduce_group_device(&group, bufs.iter_mut(), ReduceOp::Sum) {
+    match kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum) {
         Err(Error::Mismatch { tensor, .. }) if tensor == "refused/1" => {}
         other => return Err(format!("expected a mismatch of refused/1, got {other:?}")),
     }
@@ -330,7 +330,7 @@ fn scoped(kolo: &Kolo, s: &Arc<CudaStream>) -> Result<(), String> {
     let (rank, size) = (kolo.rank(), kolo.size());
     let mut a = upload(s, &[rank as f32 + 1.0; 64])?;
     let mut b = upload(s, &[rank as i32 + 1; 32])?;
-    kolo.device_scope(|scope| -> Result<(), Error> {
+    kolo.scope(|scope| -> Result<(), Error> {
         let ha = scope.allreduce_async("scope/a", &mut a, ReduceOp::Sum)?;
         let hb = scope.allreduce_async("scope/b", &mut b, ReduceOp::Max)?;
         hb.wait()?;

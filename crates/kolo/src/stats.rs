@@ -23,6 +23,11 @@ pub struct Stats {
     pub tensors: u64,
     /// Operations that carried more than one tensor.
     pub fused_operations: u64,
+    /// Operations run straight over one whole submission's memory: a
+    /// repeated group (a [`crate::TensorGroup`] step) reduced as one
+    /// collective without taking its tensors apart, the engine's fast
+    /// path (never with a timeline, which records every tensor).
+    pub whole_operations: u64,
     /// Tensors failed by an error response (mismatch, stall, ...).
     pub failed_tensors: u64,
     /// Histogram: tensors carried by one operation -> number of operations.

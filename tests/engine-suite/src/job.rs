@@ -26,6 +26,7 @@ const MAIN: &[Case] = &[
     Case::new("several_user_threads", ops::several_user_threads),
     Case::new("scoped_allreduces", ops::scoped_allreduces),
     Case::new("tensor_groups", ops::tensor_groups),
+    Case::new("group_after_cache_reuse", orders::group_after_cache_reuse),
     Case::new("group_rules", ops::group_rules),
     Case::new("mismatch_matrix", mismatch::the_mismatch_matrix),
     Case::new(

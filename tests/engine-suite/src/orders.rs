@@ -310,3 +310,68 @@ mod tests {
         }
     }
 }
+
+/// A [`TensorGroup`] repeated after the response cache reused the slots
+/// of other tensors: its hits come back in slot order, which is no longer
+/// the group's, and each rank lists the group in an order of its own.
+/// Every repeat is still exact (the engine runs a repeated group as one
+/// collective in the order the ranks agreed on, not in submission order).
+pub fn group_after_cache_reuse(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    // More tensors than the default cache holds with what came before:
+    // its least recently used slots go to the group below.
+    let fill = TensorGroup::new((0..1000).map(|t| format!("reuse/fill{t}")))?;
+    let mut ones = vec![vec![1u8]; 1000];
+    kolo.allreduce_group(&fill, ones.iter_mut(), ReduceOp::Sum)?;
+    assert!(ones.iter().all(|v| v[0] as usize == n));
+    const TENSORS: usize = 64;
+    // Rank r lists the tensors rotated by 7r.
+    let order: Vec<usize> = (0..TENSORS).map(|i| (i + 7 * r) % TENSORS).collect();
+    let group = TensorGroup::new(order.iter().map(|t| format!("reuse/g{t}")))?;
+    let len = |t: usize| 1 + (t * 13) % 40;
+    let value =
+        |step: usize, rank: usize, t: usize, i: usize| ((step + rank * 3 + t + i) % 11) as f32;
+    let mut bits = Vec::new();
+    let mut whole = Vec::new();
+    for step in 0..4 {
+        let before = kolo.stats().whole_operations;
+        let mut bufs: Vec<Vec<f32>> = order
+            .iter()
+            .map(|&t| (0..len(t)).map(|i| value(step, r, t, i)).collect())
+            .collect();
+        kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum)?;
+        whole.push(kolo.stats().whole_operations - before);
+        for (buf, &t) in bufs.iter().zip(&order) {
+            for (i, &got) in buf.iter().enumerate() {
+                let want: f32 = (0..n).map(|q| value(step, q, t, i)).sum();
+                assert_eq!(
+                    got, want,
+                    "step {step}: tensor {t}, element {i} on rank {r}"
+                );
+            }
+        }
+        // In tensor order, so every rank digests the same bits.
+        let mut by_tensor: Vec<(usize, &Vec<f32>)> = order.iter().copied().zip(&bufs).collect();
+        by_tensor.sort_by_key(|(t, _)| *t);
+        bits.extend(
+            by_tensor
+                .iter()
+                .flat_map(|(_, b)| b.iter().map(|v| u64::from(v.to_bits()))),
+        );
+    }
+    // The repeats took the fast path wherever the engine has one: the
+    // cache on, no timeline, the group within one fused operation.
+    let config = kolo.config();
+    let group_bytes: usize = (0..TENSORS).map(|t| len(t) * 4).sum();
+    if config.cache_capacity > 0
+        && config.timeline.is_none()
+        && config.fusion_threshold >= group_bytes
+    {
+        assert_eq!(
+            &whole[1..],
+            [1, 1, 1],
+            "whole operations per step on rank {r}"
+        );
+    }
+    Ok(Some(crate::digest(bits)))
+}

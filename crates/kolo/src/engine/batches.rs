@@ -42,16 +42,42 @@ struct Batch {
 /// collective over all of its tensors: made only by
 /// [`Batches::claim_whole`], while no part of it was taken or completed,
 /// so that a whole collective never covers a tensor already done.
+///
+/// The collective covers the tensors in the order every rank agreed on
+/// (the responses'), which need not be this rank's submission order: a
+/// cache whose slots were reused hands a group's hits back rotated.
 #[derive(Debug)]
 pub(crate) struct Whole {
     key: u32,
+    order: Order,
 }
+
+/// The part performed at each position of a whole collective, where that
+/// is not simply part i at position i.
+pub(crate) type Order = Option<Arc<[u32]>>;
 
 impl Whole {
     /// The claimed submission's key.
     pub(crate) fn key(&self) -> u32 {
         self.key
     }
+
+    /// The order of its parts in the collective.
+    pub(crate) fn order(&self) -> &Order {
+        &self.order
+    }
+}
+
+/// `items` (one per part, in part order) in the collective's `order`.
+pub(crate) fn arrange<X>(order: &Order, items: Vec<X>) -> Vec<X> {
+    let Some(order) = order else {
+        return items;
+    };
+    let mut items: Vec<Option<X>> = items.into_iter().map(Some).collect();
+    order
+        .iter()
+        .filter_map(|&part| items.get_mut(part as usize).and_then(Option::take))
+        .collect()
 }
 
 impl Drop for Batch {
@@ -123,27 +149,33 @@ impl Batches {
     /// (segments of one element type), and none of them was taken,
     /// completed or handed on. From then on no part of it can be taken on
     /// its own.
-    pub(crate) fn claim_whole(&mut self, key: u32, parts: usize) -> Option<Whole> {
+    /// `order` is the order of the parts in the collective (see
+    /// [`Whole`]): a permutation of all of them, or `None` for part order.
+    pub(crate) fn claim_whole(&mut self, key: u32, parts: usize, order: Order) -> Option<Whole> {
         let batch = self.slots.get_mut(key as usize)?.as_mut()?;
         let lent = matches!(batch.inputs, Inputs::Lent { .. } | Inputs::Device { .. });
         if !batch.whole || !lent || batch.ids.len() != parts || batch.open != parts {
             return None;
         }
+        if order.as_ref().is_some_and(|order| order.len() != parts) {
+            return None;
+        }
         batch.whole = false;
-        Some(Whole { key })
+        Some(Whole { key, order })
     }
 
     /// The memory of a claimed submission's tensors as `T`s, or, when its
     /// tensors are not `T`s (a kolo bug: every rank's request named this
-    /// dtype), their element counts.
+    /// dtype), their element counts; in the collective's order.
     pub(crate) fn whole_views<T: kolo_transport::Element>(
         &mut self,
         whole: &Whole,
     ) -> Result<Vec<&mut [T]>, Vec<usize>> {
         match self.slots.get_mut(whole.key as usize) {
             Some(Some(batch)) => {
-                let sizes = batch.inputs.lent_lens();
-                batch.inputs.lent_views::<T>().ok_or(sizes)
+                let sizes = arrange(&whole.order, batch.inputs.lent_lens());
+                let views = batch.inputs.lent_views::<T>().ok_or(sizes)?;
+                Ok(arrange(&whole.order, views))
             }
             _ => Err(Vec::new()),
         }
@@ -173,7 +205,8 @@ impl Batches {
 
     /// Lets go of the claimed submission and hands over what completing
     /// it takes (from any thread: a device plane completes it once the
-    /// device is done) with its inputs.
+    /// device is done) with its inputs (in part order: the claim's
+    /// [`Whole::order`] says how the collective takes them).
     pub(crate) fn detach_whole(&mut self, whole: Whole) -> Option<(Arc<Completion>, Inputs)> {
         let slot = self.slots.get_mut(whole.key as usize)?;
         let mut batch = slot.take()?;
@@ -378,21 +411,30 @@ mod tests {
         let mut data = [0.0f32; 4];
         let mut batches = Batches::default();
         let key = batches.add(submission(4), ids(4), lent(&mut data, 4));
-        assert!(batches.claim_whole(key, 3).is_none(), "not every part");
-        assert!(batches.claim_whole(key, 5).is_none(), "more than its parts");
+        assert!(
+            batches.claim_whole(key, 3, None).is_none(),
+            "not every part"
+        );
+        assert!(
+            batches.claim_whole(key, 5, None).is_none(),
+            "more than its parts"
+        );
         // Its last part performed on its own: the rest is no longer whole,
         // though the open parts still line up with a group of three.
         batches.take_input(Batches::part(key, 3));
         batches.complete([(Batches::part(key, 3), Ok(Box::new(()) as Payload))]);
-        assert!(batches.claim_whole(key, 3).is_none());
-        assert!(batches.claim_whole(key, 4).is_none());
+        assert!(batches.claim_whole(key, 3, None).is_none());
+        assert!(batches.claim_whole(key, 4, None).is_none());
         let other = batches.add(submission(4), ids(4), lent(&mut data, 4));
-        let whole = batches.claim_whole(other, 4).expect("untouched");
-        assert!(batches.claim_whole(other, 4).is_none(), "claimed once");
+        let whole = batches.claim_whole(other, 4, None).expect("untouched");
+        assert!(
+            batches.claim_whole(other, 4, None).is_none(),
+            "claimed once"
+        );
         assert_eq!(batches.whole_views::<f32>(&whole).map(|v| v.len()), Ok(4));
         assert_eq!(batches.whole_views::<i32>(&whole).err(), Some(vec![0; 4]));
         let copied = batches.add(submission(2), ids(2), none(2));
-        assert!(batches.claim_whole(copied, 2).is_none(), "not lent");
+        assert!(batches.claim_whole(copied, 2, None).is_none(), "not lent");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! no CUDA: an engine without a plane fails device responses with an
 //! error, and the placement is a pure function of the response.
 
+use crate::engine::batches::Order;
 use crate::engine::completion::{Completion, Part};
 use crate::engine::submission::{Input, Inputs, Ready};
 use kolo_protocol::{Device, Params, RequestKind, Response};
@@ -98,11 +99,18 @@ pub(crate) trait DevicePlane {
 
     /// Allreduces every tensor of one whole submission of device tensors
     /// lent by address (`inputs`, see [`Inputs::Device`]) as one fused
-    /// collective, `response` being the first of its fused responses
-    /// (dtype, op, scales); completes `completion`'s tensors once the
-    /// device is done. Inputs of another type than the response's (a kolo
-    /// bug) still take part, with the op's identity, and fail.
-    fn allreduce_whole(&mut self, response: &Response, inputs: Inputs, completion: Arc<Completion>);
+    /// collective, in `order` (see [`crate::engine::batches::Whole`]),
+    /// `response` being the first of its fused responses (dtype, op,
+    /// scales); completes `completion`'s tensors once the device is done.
+    /// Inputs of another type than the response's (a kolo bug) still
+    /// take part, with the op's identity, and fail.
+    fn allreduce_whole(
+        &mut self,
+        response: &Response,
+        inputs: Inputs,
+        order: &Order,
+        completion: Arc<Completion>,
+    );
 }
 
 /// Where an engine keeps its GPU data plane, if it may have one. A host

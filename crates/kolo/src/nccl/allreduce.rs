@@ -8,6 +8,7 @@
 
 use super::plane::{collective, NcclPlane, PlaneError, NCCL_ALLREDUCE};
 use super::tensor::{OnDevice, ReadyEvents};
+use crate::engine::batches::{arrange, Order};
 use crate::engine::completion::Completion;
 use crate::engine::perform::observer;
 use crate::engine::submission::{Inputs, Ready};
@@ -126,11 +127,12 @@ impl NcclPlane {
         &mut self,
         response: &Response,
         inputs: Inputs,
+        order: &Order,
         completion: Arc<Completion>,
     ) {
         let enqueued = match inputs.device(TypeId::of::<OnDevice<T>>()) {
             Some(lent) => {
-                let lent: Vec<(u64, usize)> = lent.collect();
+                let lent = arrange(order, lent.collect());
                 self.wait_submitted(inputs.device_ready())
                     .map_err(PlaneError::from)
                     .and_then(|()| {
@@ -142,7 +144,7 @@ impl NcclPlane {
                         )
                     })
             }
-            None => self.stand_ins::<T>(response, &inputs.lent_lens()),
+            None => self.stand_ins::<T>(response, &arrange(order, inputs.lent_lens())),
         };
         // The ready events may go back to their pool: the waits are enqueued.
         drop(inputs);
@@ -197,8 +199,9 @@ impl NcclPlane {
         &mut self,
         response: &Response,
         inputs: Inputs,
+        order: &Order,
         completion: Arc<Completion>,
     ) {
-        with_element_type!(response.dtype, T => self.allreduce_whole_as::<T>(response, inputs, completion))
+        with_element_type!(response.dtype, T => self.allreduce_whole_as::<T>(response, inputs, order, completion))
     }
 }

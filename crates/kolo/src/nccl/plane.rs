@@ -10,6 +10,7 @@
 //! the caller's memory once the GPU is done.
 
 use super::tensor::{DeviceArgs, DeviceDone, OnDevice};
+use crate::engine::batches::Order;
 use crate::engine::completion::{Completion, Part as Submitted, Payload};
 use crate::engine::placement::{DeviceEntry, DevicePlane};
 use crate::engine::submission::{Input, Inputs, Ready};
@@ -270,9 +271,10 @@ impl DevicePlane for NcclPlane {
         &mut self,
         response: &Response,
         inputs: Inputs,
+        order: &Order,
         completion: Arc<Completion>,
     ) {
-        NcclPlane::allreduce_whole(self, response, inputs, completion);
+        NcclPlane::allreduce_whole(self, response, inputs, order, completion);
     }
 }
 

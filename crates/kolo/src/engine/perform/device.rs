@@ -23,15 +23,17 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
     /// lent memory, or on the device plane over its lent addresses, which
     /// completes it once the device is done.
     pub(crate) fn perform_whole(&mut self, head: &Response, whole: Whole) {
+        self.shared.stats.lock().whole_operations += 1;
         if !on_device(head) {
             with_element_type!(head.dtype, T => self.allreduce_whole::<T>(head, whole));
             return;
         }
+        let order = whole.order().clone();
         let Some((completion, inputs)) = self.batches.detach_whole(whole) else {
             return;
         };
         match self.device.plane() {
-            Some(plane) => plane.allreduce_whole(head, inputs, completion),
+            Some(plane) => plane.allreduce_whole(head, inputs, &order, completion),
             // `whole_served` checked the plane first.
             None => completion.fail_open(|tensor| Error::Collective {
                 tensor: tensor.to_owned(),

@@ -10,7 +10,7 @@ mod device;
 mod gather;
 mod reduce;
 
-use crate::engine::batches::{Batches, PartRef, Whole};
+use crate::engine::batches::{Batches, Order, PartRef, Whole};
 use crate::engine::completion::Payload;
 use crate::engine::placement::PlaneSlot;
 use crate::engine::shared::Shared;
@@ -92,15 +92,16 @@ impl<'c> ParamsOf<'c> {
 /// When that plan was one fused allreduce run straight over one whole
 /// submission of lent tensors, `whole` keeps that submission's ids (the
 /// tensor table hands a repeated group the same `Arc` each time, and
-/// holding it keeps the pointer from being reused): a later cycle agreeing
-/// on the same slots, with that group held whole again, is performed
-/// before the coordinator settles its books (see [`Core::step`]).
+/// holding it keeps the pointer from being reused) and the order of its
+/// parts in the collective: a later cycle agreeing on the same slots,
+/// with that group held whole again, is performed before the coordinator
+/// settles its books (see [`Core::step`]).
 #[derive(Default)]
 struct PlanMemo {
     slots: Vec<usize>,
     generation: u64,
     plan: Option<kolo_fusion::FusionPlan>,
-    whole: Option<Arc<[TensorId]>>,
+    whole: Option<(Arc<[TensorId]>, Order)>,
 }
 
 impl<B: Backend, D: PlaneSlot> Performer<B, D> {
@@ -272,7 +273,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         slots: &[usize],
     ) -> Option<Arc<[TensorId]>> {
         let cache = coordinator.cache();
-        let ids = self.plan.whole.as_ref()?;
+        let (ids, order) = self.plan.whole.as_ref()?;
         if self.timeline.is_enabled()
             || self.plan.generation != cache.generation()
             || self.plan.slots != slots
@@ -289,7 +290,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             return None;
         }
         let ids = Arc::clone(ids);
-        let whole = self.batches.claim_whole(key, ids.len())?;
+        let whole = self.batches.claim_whole(key, ids.len(), order.clone())?;
         {
             // The cycle as `record_cycle` counts it once settled (all
             // hits, nothing gathered), and its one operation.
@@ -340,24 +341,35 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         slots
     }
 
-    /// The submission whose tensors `members` are, all of them in order,
-    /// if they are one whole submission none of whose tensors was
+    /// The submission whose tensors `members` are, all of them in any
+    /// order, if they are one whole submission none of whose tensors was
     /// performed yet (a repeated group settled by the cache: then its
-    /// fused allreduce runs straight over the submission's lent memory).
-    /// The tensors are taken from the hold.
+    /// fused allreduce runs straight over the submission's lent memory,
+    /// in the members' order). The tensors are taken from the hold.
     fn whole_submission(&mut self, work: &[Work<'_>], members: &[usize]) -> Option<Whole> {
         let first = work[*members.first()?].id?;
         let (key, _) = Batches::locate((*self.held.get(first.index())?)?);
+        let mut order: Vec<u32> = Vec::new();
         for (position, &m) in members.iter().enumerate() {
             let id = work[m].id?;
             let part = (*self.held.get(id.index())?)?;
-            if Batches::locate(part) != (key, position as u32) {
+            let (batch, index) = Batches::locate(part);
+            if batch != key {
                 return None;
             }
+            if order.is_empty() && index != position as u32 {
+                // Out of part order from here: the order of those before.
+                order.extend(0..position as u32);
+            }
+            if !order.is_empty() {
+                order.push(index);
+            }
         }
-        // Every member is part `position` of the submission; claiming it
-        // whole checks that they are all of its parts and none is done.
-        let whole = self.batches.claim_whole(key, members.len())?;
+        // The members are distinct tensors, each held as one part, so
+        // they are distinct parts of the submission; claiming it whole
+        // checks that they are all of its parts and none is done.
+        let order = (!order.is_empty()).then(|| Arc::from(order));
+        let whole = self.batches.claim_whole(key, members.len(), order)?;
         for &m in members {
             if let Some(held) = work[m].id.and_then(|id| self.held.get_mut(id.index())) {
                 *held = None;
@@ -384,7 +396,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         coordinator: &Coordinator,
         work: &[Work<'_>],
         members: &[usize],
-    ) -> Option<Arc<[TensorId]>> {
+    ) -> Option<(Arc<[TensorId]>, Order)> {
         let head = members.first().map(|&m| work[m].response)?;
         // A repeated group: one fused allreduce over one whole submission
         // of lent tensors, without reading the other responses.
@@ -392,9 +404,10 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         if fused_allreduce && !self.timeline.is_enabled() && self.whole_served(head) {
             if let Some(whole) = self.whole_submission(work, members) {
                 let ids = self.batches.ids(whole.key()).map(Arc::clone);
+                let order = whole.order().clone();
                 self.shared.stats.lock().record_operation(members.len());
                 self.perform_whole(head, whole);
-                return ids;
+                return ids.map(|ids| (ids, order));
             }
         }
         let parts: Vec<&Response> = members.iter().map(|&m| work[m].response).collect();
@@ -569,3 +582,6 @@ pub(crate) fn take_input<T: Element>(
 pub(crate) fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(0)
 }
+
+#[cfg(test)]
+mod device_tests;

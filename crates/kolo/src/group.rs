@@ -137,6 +137,7 @@ impl TensorGroup {
     }
 
     /// Fails unless `given` buffers, one per tensor, were given.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn check_count(&self, given: usize) -> Result<(), Error> {
         if given == self.len() {
             Ok(())

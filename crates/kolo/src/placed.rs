@@ -87,6 +87,7 @@ impl<'a, T> PlacedMut<'a, T> {
     }
 
     /// The name of its memory, for errors.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn memory(&self) -> &'static str {
         match self {
             PlacedMut::Host(_) => "host memory",
@@ -106,6 +107,7 @@ impl<'a, T> Placed<'a, T> {
     }
 
     /// The name of its memory, for errors.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn memory(&self) -> &'static str {
         match self {
             Placed::Host(_) => "host memory",

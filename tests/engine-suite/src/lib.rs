@@ -52,6 +52,7 @@ mod equivalence;
 pub mod failure;
 mod job;
 mod join;
+pub mod memory;
 mod mismatch;
 mod ops;
 mod orders;
@@ -63,6 +64,8 @@ pub mod stall;
 mod timeline;
 
 pub use job::{main_cases, order_jobs, Job, ORDERS, STALL, WORKLOAD};
+pub use orders::{any_order_any_style_in, group_after_cache_reuse_in};
+pub use refused::refused_tensor_alone_is_untouched_in;
 pub use report::{
     compare_digests, digest, judge, panic_text, run_rank, CaseLine, Verdict, CASE_MARKER,
 };

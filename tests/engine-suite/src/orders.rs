@@ -4,8 +4,9 @@
 //! that the response cache and the table's group memos are cold in the
 //! first step and warm in the next.
 
+use crate::memory::{Host, Memory};
 use crate::{Digest, Rng};
-use kolo::{Error, Handle, Kolo, ReduceOp, TensorGroup, TensorMut};
+use kolo::{Error, Handle, Kolo, ReduceOp, TensorGroup};
 
 /// Tensors per plan.
 const TENSORS: usize = 6;
@@ -170,6 +171,11 @@ fn random_plan(rng: &mut Rng, n: usize) -> Plan {
 /// exact. The digest covers every result, so jobs with other settings
 /// (fusion, cache, timeline) must reach the same bits.
 pub fn any_order_any_style(kolo: &Kolo) -> Result<Digest, Error> {
+    any_order_any_style_in(kolo, &Host)
+}
+
+/// [`any_order_any_style`] on tensors in `mem`.
+pub fn any_order_any_style_in<M: Memory>(kolo: &Kolo, mem: &M) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     let mut plans = fixed_plans(n);
     let mut rng = Rng::new(0x6f72_6465_7273);
@@ -185,16 +191,21 @@ pub fn any_order_any_style(kolo: &Kolo) -> Result<Digest, Error> {
             .map(|s| TensorGroup::new(s.tensors.iter().map(|&t| &names[t])))
             .collect::<Result<Vec<_>, _>>()?;
         for step in 0..STEPS {
-            let mut bufs: Vec<Vec<f32>> = (0..TENSORS)
-                .map(|t| (0..len(t)).map(|i| value(step, r, t, i)).collect())
+            let mut bufs: Vec<M::Buf> = (0..TENSORS)
+                .map(|t| {
+                    let data: Vec<f32> = (0..len(t)).map(|i| value(step, r, t, i)).collect();
+                    mem.upload(&data)
+                })
                 .collect();
-            submit_plan(kolo, mine, &groups, &names, &mut bufs)?;
+            submit_plan(kolo, mem, mine, &groups, &names, &mut bufs)?;
+            let bufs: Vec<Vec<f32>> = bufs.iter().map(|b| mem.download(b)).collect();
             for (t, buf) in bufs.iter().enumerate() {
                 for (i, &got) in buf.iter().enumerate() {
                     let want: f32 = (0..n).map(|q| value(step, q, t, i)).sum();
                     assert_eq!(
                         got, want,
-                        "plan {p} ({plan:?}), step {step}: tensor {t}, element {i} on rank {r}"
+                        "plan {p} ({plan:?}), step {step}: tensor {t}, element {i} on rank {r} ({})",
+                        mem.name()
                     );
                 }
                 bits.extend(buf.iter().map(|v| u64::from(v.to_bits())));
@@ -210,23 +221,23 @@ pub fn any_order_any_style(kolo: &Kolo) -> Result<Digest, Error> {
 /// once everything is submitted. Returns the first error, after every
 /// tensor was submitted and every handle waited for (so that no peer is
 /// left waiting for this rank).
-pub(crate) fn submit_plan(
+pub(crate) fn submit_plan<M: Memory>(
     kolo: &Kolo,
+    mem: &M,
     submissions: &[Submission],
     groups: &[TensorGroup],
     names: &[String],
-    bufs: &mut [Vec<f32>],
+    bufs: &mut [M::Buf],
 ) -> Result<(), Error> {
     let op = ReduceOp::Sum;
     // Each buffer goes to exactly one submission.
-    let mut slots: Vec<Option<&mut Vec<f32>>> = bufs.iter_mut().map(Some).collect();
-    let mut take = |t: usize| -> &mut [f32] {
+    let mut slots: Vec<Option<&mut M::Buf>> = bufs.iter_mut().map(Some).collect();
+    let mut take = |t: usize| -> &mut M::Buf {
         slots[t]
             .take()
-            .map(|b| &mut b[..])
             .unwrap_or_else(|| panic!("tensor {t} submitted twice in one plan"))
     };
-    let taken: Vec<Vec<&mut [f32]>> = submissions
+    let taken: Vec<Vec<&mut M::Buf>> = submissions
         .iter()
         .map(|s| s.tensors.iter().map(|&t| take(t)).collect())
         .collect();
@@ -238,33 +249,40 @@ pub(crate) fn submit_plan(
                 first.get_or_insert(e);
             }
         };
-        for ((s, group), mut views) in submissions.iter().zip(groups).zip(taken) {
+        for ((s, group), bufs) in submissions.iter().zip(groups).zip(taken) {
             let names_of = || s.tensors.iter().map(|&t| names[t].as_str());
             match s.style {
                 Style::Single => {
-                    for (name, view) in names_of().zip(views) {
-                        note(kolo.allreduce(name, view, op));
+                    for (name, buf) in names_of().zip(bufs) {
+                        note(kolo.allreduce(name, mem.view(buf, None), op));
                     }
                 }
                 Style::Grouped => {
                     let made = TensorGroup::new(names_of())?;
-                    note(kolo.allreduce_group(&made, &mut views, op));
+                    let views = bufs.into_iter().map(|b| mem.view(b, None));
+                    note(kolo.allreduce_group(&made, views, op));
                 }
-                Style::Group => note(kolo.allreduce_group(group, &mut views, op)),
+                Style::Group => {
+                    let views = bufs.into_iter().map(|b| mem.view(b, None));
+                    note(kolo.allreduce_group(group, views, op));
+                }
                 Style::ScopedEach => {
-                    for (name, view) in names_of().zip(views) {
-                        handles.push(scope.allreduce_async(name, view, op)?);
+                    for (name, buf) in names_of().zip(bufs) {
+                        handles.push(scope.allreduce_async(name, mem.view(buf, None), op)?);
                     }
                 }
                 Style::ScopedGrouped => {
                     let made = TensorGroup::new(names_of())?;
-                    let shaped = views.into_iter().map(|v| {
-                        let len = v.len();
-                        TensorMut::with_shape(v, [len])
+                    let shaped = bufs.into_iter().map(|b| {
+                        let len = mem.len(b);
+                        mem.view(b, Some(&[len]))
                     });
                     handles.push(scope.allreduce_group_async(&made, shaped, op)?);
                 }
-                Style::ScopedGroup => handles.push(scope.allreduce_group_async(group, views, op)?),
+                Style::ScopedGroup => {
+                    let views = bufs.into_iter().map(|b| mem.view(b, None));
+                    handles.push(scope.allreduce_group_async(group, views, op)?);
+                }
             }
         }
         for handle in handles {
@@ -317,13 +335,22 @@ mod tests {
 /// Every repeat is still exact (the engine runs a repeated group as one
 /// collective in the order the ranks agreed on, not in submission order).
 pub fn group_after_cache_reuse(kolo: &Kolo) -> Result<Digest, Error> {
+    group_after_cache_reuse_in(kolo, &Host)
+}
+
+/// [`group_after_cache_reuse`] on tensors in `mem`.
+pub fn group_after_cache_reuse_in<M: Memory>(kolo: &Kolo, mem: &M) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     // More tensors than the default cache holds with what came before:
     // its least recently used slots go to the group below.
     let fill = TensorGroup::new((0..1000).map(|t| format!("reuse/fill{t}")))?;
-    let mut ones = vec![vec![1u8]; 1000];
-    kolo.allreduce_group(&fill, ones.iter_mut(), ReduceOp::Sum)?;
-    assert!(ones.iter().all(|v| v[0] as usize == n));
+    let mut ones: Vec<M::Buf> = (0..1000).map(|_| mem.upload(&[1.0])).collect();
+    kolo.allreduce_group(
+        &fill,
+        ones.iter_mut().map(|b| mem.view(b, None)),
+        ReduceOp::Sum,
+    )?;
+    assert!(ones.iter().all(|b| mem.download(b) == [n as f32]));
     const TENSORS: usize = 64;
     // Rank r lists the tensors rotated by 7r.
     let order: Vec<usize> = (0..TENSORS).map(|i| (i + 7 * r) % TENSORS).collect();
@@ -335,12 +362,17 @@ pub fn group_after_cache_reuse(kolo: &Kolo) -> Result<Digest, Error> {
     let mut whole = Vec::new();
     for step in 0..4 {
         let before = kolo.stats().whole_operations;
-        let mut bufs: Vec<Vec<f32>> = order
+        let mut bufs: Vec<M::Buf> = order
             .iter()
-            .map(|&t| (0..len(t)).map(|i| value(step, r, t, i)).collect())
+            .map(|&t| {
+                let data: Vec<f32> = (0..len(t)).map(|i| value(step, r, t, i)).collect();
+                mem.upload(&data)
+            })
             .collect();
-        kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum)?;
+        let views = bufs.iter_mut().map(|b| mem.view(b, None));
+        kolo.allreduce_group(&group, views, ReduceOp::Sum)?;
         whole.push(kolo.stats().whole_operations - before);
+        let bufs: Vec<Vec<f32>> = bufs.iter().map(|b| mem.download(b)).collect();
         for (buf, &t) in bufs.iter().zip(&order) {
             for (i, &got) in buf.iter().enumerate() {
                 let want: f32 = (0..n).map(|q| value(step, q, t, i)).sum();

@@ -3,6 +3,7 @@
 //! tensors of its submission are reduced (every rank reduced them), and
 //! the call fails with the refused tensor's error.
 
+use crate::memory::{Host, Memory};
 use crate::orders::{submit_plan, Style, Submission};
 use crate::{expect_err, Digest};
 use kolo::{Error, Kolo, TensorGroup};
@@ -11,6 +12,14 @@ use kolo::{Error, Kolo, TensorGroup};
 /// middle one rank 0 passes with another length: every rank ends with the
 /// outer two reduced, the middle one untouched and a mismatch naming it.
 pub fn refused_tensor_alone_is_untouched(kolo: &Kolo) -> Result<Digest, Error> {
+    refused_tensor_alone_is_untouched_in(kolo, &Host)
+}
+
+/// [`refused_tensor_alone_is_untouched`] on tensors in `mem`.
+pub fn refused_tensor_alone_is_untouched_in<M: Memory>(
+    kolo: &Kolo,
+    mem: &M,
+) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());
     if n < 2 {
         return Ok(None);
@@ -22,13 +31,14 @@ pub fn refused_tensor_alone_is_untouched(kolo: &Kolo) -> Result<Digest, Error> {
             .collect();
         let lens = [4, if r == 0 { 3 } else { 4 }, 5];
         let input = |t: usize| -> Vec<f32> { vec![(r + t) as f32; lens[t]] };
-        let mut bufs: Vec<Vec<f32>> = (0..3).map(input).collect();
+        let mut bufs: Vec<M::Buf> = (0..3).map(|t| mem.upload(&input(t))).collect();
         let submission = Submission {
             tensors: vec![0, 1, 2],
             style,
         };
         let group = TensorGroup::new(&names)?;
-        let result = submit_plan(kolo, &[submission], &[group], &names, &mut bufs);
+        let result = submit_plan(kolo, mem, &[submission], &[group], &names, &mut bufs);
+        let bufs: Vec<Vec<f32>> = bufs.iter().map(|b| mem.download(b)).collect();
         let err = expect_err(result, &format!("{style:?}: a refused tensor"));
         assert!(
             matches!(err, Error::Mismatch { .. }) && err.to_string().contains(&names[1]),

@@ -213,6 +213,7 @@ impl<'n> Submission<'n> {
     /// [`Inputs::on_device`]'s inputs): of the dimensions `dims`, lent at
     /// the device address `ptr` (not 0), `len` elements long. `name` is
     /// its name, unless the names are a [`crate::TensorGroup`]'s.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn push_device(
         &mut self,
         name: Option<&'n str>,
@@ -331,6 +332,7 @@ pub(crate) enum Inputs {
     /// host view is ever made of them); `ready` is what orders the
     /// engine's work after the submitter's, one for the whole submission
     /// (set once every tensor is in).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     Device {
         element: TypeId,
         segments: Vec<Segment>,
@@ -419,6 +421,7 @@ impl Inputs {
     /// Device tensors lent by address, none yet (see
     /// [`Submission::push_device`]), of the memory and element type
     /// `element`.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn on_device(element: TypeId, tensors: usize) -> Self {
         Inputs::Device {
             element,
@@ -428,6 +431,7 @@ impl Inputs {
     }
 
     /// Sets what orders the engine's work on lent device tensors.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn set_ready(&mut self, to: Ready) {
         if let Inputs::Device { ready, .. } = self {
             *ready = Some(to);
@@ -436,6 +440,7 @@ impl Inputs {
 
     /// The device addresses and lengths of lent device tensors whose
     /// memory and element type is `element`.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub(crate) fn device(
         &self,
         element: TypeId,

@@ -20,6 +20,7 @@
 
 mod bench;
 mod checks;
+mod suite;
 
 use kolo::nccl::NcclOptions;
 use kolo::{Config, Kolo};
@@ -85,6 +86,9 @@ fn main() {
             continue;
         }
         ok &= run_engine(n, bench);
+        if !bench {
+            ok &= suite::run(n, options());
+        }
     }
     if !ok {
         println!("gpu_engine: FAILED");

@@ -292,43 +292,6 @@ pub(crate) fn submit_plan<M: Memory>(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every plan submits each tensor exactly once on every rank, and at
-    /// most one rank of a plan blocks before its last submission (a rank
-    /// that blocks on its only submission waits for nobody who waits for
-    /// it: that submission holds every tensor).
-    #[test]
-    fn plans_cover_every_tensor_once_and_block_on_one_rank_at_most() {
-        for n in 1..=4 {
-            let mut rng = Rng::new(7);
-            let mut plans = fixed_plans(n);
-            plans.extend((0..200).map(|_| random_plan(&mut rng, n)));
-            for plan in &plans {
-                assert_eq!(plan.ranks.len(), n);
-                for submissions in &plan.ranks {
-                    let mut seen: Vec<usize> =
-                        submissions.iter().flat_map(|s| s.tensors.clone()).collect();
-                    seen.sort_unstable();
-                    assert_eq!(seen, (0..TENSORS).collect::<Vec<_>>(), "{plan:?}");
-                    assert!(submissions.iter().all(|s| !s.tensors.is_empty()));
-                }
-                let blocking = plan
-                    .ranks
-                    .iter()
-                    .filter(|subs| {
-                        let before_last = &subs[..subs.len().saturating_sub(1)];
-                        before_last.iter().any(|s| s.style.is_blocking())
-                    })
-                    .count();
-                assert!(blocking <= 1, "{plan:?}");
-            }
-        }
-    }
-}
-
 /// A [`TensorGroup`] repeated after the response cache reused the slots
 /// of other tensors: its hits come back in slot order, which is no longer
 /// the group's, and each rank lists the group in an order of its own.
@@ -406,4 +369,41 @@ pub fn group_after_cache_reuse_in<M: Memory>(kolo: &Kolo, mem: &M) -> Result<Dig
         );
     }
     Ok(Some(crate::digest(bits)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every plan submits each tensor exactly once on every rank, and at
+    /// most one rank of a plan blocks before its last submission (a rank
+    /// that blocks on its only submission waits for nobody who waits for
+    /// it: that submission holds every tensor).
+    #[test]
+    fn plans_cover_every_tensor_once_and_block_on_one_rank_at_most() {
+        for n in 1..=4 {
+            let mut rng = Rng::new(7);
+            let mut plans = fixed_plans(n);
+            plans.extend((0..200).map(|_| random_plan(&mut rng, n)));
+            for plan in &plans {
+                assert_eq!(plan.ranks.len(), n);
+                for submissions in &plan.ranks {
+                    let mut seen: Vec<usize> =
+                        submissions.iter().flat_map(|s| s.tensors.clone()).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, (0..TENSORS).collect::<Vec<_>>(), "{plan:?}");
+                    assert!(submissions.iter().all(|s| !s.tensors.is_empty()));
+                }
+                let blocking = plan
+                    .ranks
+                    .iter()
+                    .filter(|subs| {
+                        let before_last = &subs[..subs.len().saturating_sub(1)];
+                        before_last.iter().any(|s| s.style.is_blocking())
+                    })
+                    .count();
+                assert!(blocking <= 1, "{plan:?}");
+            }
+        }
+    }
 }

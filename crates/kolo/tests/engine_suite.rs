@@ -1,6 +1,6 @@
 //! The engine suite (`tests/engine-suite`, the same cases the MPI backend
-//! runs under `mpirun`) on kolo-threads' ranks: the main sequence at 2, 3,
-//! 4 and 8 ranks, the workload under five other cache and fusion settings
+//! runs under `mpirun`) on kolo-threads' ranks: the main sequence at 1, 2,
+//! 3, 4 and 8 ranks, the workload under five other cache and fusion settings
 //! (bit-identical results), and the stall inspector.
 
 use kolo::Config;
@@ -54,6 +54,13 @@ fn check(job: &Job) {
     let mut verdicts = judge(job, &lines, dir.path(), PACKS);
     verdicts.push(ended);
     assert_passed(&verdicts);
+}
+
+/// One rank: every case holds with no peer (a GPU engine on one GPU
+/// runs the same job).
+#[test]
+fn main_np1() {
+    check(&Job::main(1, &[]));
 }
 
 #[test]

@@ -115,6 +115,10 @@ const CASES: &[Case] = &[
 
 /// Every mismatch, each followed by an operation that must succeed.
 pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<Digest, Error> {
+    // A mismatch takes two ranks.
+    if kolo.size() < 2 {
+        return Ok(None);
+    }
     for (i, case) in CASES.iter().enumerate() {
         let err = expect_err((case.submit)(kolo, kolo.rank() == 0), case.what);
         assert!(

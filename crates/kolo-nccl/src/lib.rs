@@ -182,6 +182,7 @@ pub use safe::event_pool::PoolStats;
 pub use safe::fusion::DeviceFusionBuffer;
 pub use safe::memory::{Cuda, CudaBuffer};
 pub use safe::ops::DeviceElement;
+pub use safe::persistent::PersistentAllreduce;
 pub use safe::staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use safe::teardown::Teardown;
 pub use safe::transaction::DeviceTransaction;

@@ -143,6 +143,16 @@ impl Drop for Slot {
 // only reached through the device's mutex.
 unsafe impl Send for Slot {}
 
+/// A batched copy planned once and launched again and again (the pack or
+/// the unpack of a [`crate::PersistentAllreduce`]): its table has mapped
+/// pinned memory of its own, written once and only read afterwards, so a
+/// launch neither plans nor waits for a slot; dropping it waits for the
+/// last launch to have read the table.
+pub(crate) struct CopyPlan {
+    slot: Slot,
+    entries: usize,
+}
+
 /// The ring of table slots of one device.
 #[derive(Default)]
 pub(crate) struct CopyTables {
@@ -212,6 +222,45 @@ impl NcclComm {
         // ranges are valid per this function's contract.
         unsafe { kernel.launch(slot.dev_ptr, entries, stream.cu_stream()) }?;
         slot.in_flight = Some(self.device.record()?);
+        Ok(())
+    }
+
+    /// Plans `segments` into a table of their own, for
+    /// [`NcclComm::launch_copy`].
+    pub(crate) fn plan_copy(&self, segments: &[Segment]) -> Result<CopyPlan, NcclError> {
+        let bound = copy_ptx::max_entries(segments, CHUNK_BYTES) * ENTRY_BYTES;
+        let slot = Slot::new(self.device.context(), bound)?;
+        // SAFETY: `rows` spans the slot's `host.len()` pinned bytes, which
+        // no kernel reads yet.
+        let host = unsafe { std::slice::from_raw_parts_mut(slot.rows, slot.host.len()) };
+        let entries = copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
+            NcclError::InvalidArgument(format!(
+                "a copy table of {} bytes is too short for {} segments",
+                host.len(),
+                segments.len()
+            ))
+        })?;
+        Ok(CopyPlan { slot, entries })
+    }
+
+    /// Enqueues `plan`'s copies on the communication stream: one launch
+    /// of the batched copy kernel over its table (nothing for no bytes).
+    ///
+    /// # Safety
+    /// As [`NcclComm::copy_segments`], for the segments `plan` was made
+    /// of, at this launch.
+    pub(crate) unsafe fn launch_copy(&self, plan: &mut CopyPlan) -> Result<(), NcclError> {
+        if plan.entries == 0 {
+            return Ok(());
+        }
+        self.device.bind()?;
+        let kernel = self.device.copy_kernel()?;
+        // SAFETY: the table was written by `plan_copy` and is never written
+        // again; the ranges are valid per this function's contract.
+        unsafe { kernel.launch(plan.slot.dev_ptr, plan.entries, self.stream().cu_stream()) }?;
+        // The event of this launch replaces the last one's: the table
+        // stays until the latest launch has read it (`Slot`'s drop).
+        plan.slot.in_flight = Some(self.device.record()?);
         Ok(())
     }
 }

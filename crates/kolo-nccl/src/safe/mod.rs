@@ -39,6 +39,7 @@ pub(crate) mod fusion;
 pub(crate) mod memory;
 pub(crate) mod ops;
 pub(crate) mod p2p;
+pub(crate) mod persistent;
 pub(crate) mod raw_comm;
 pub(crate) mod reduce_ops;
 pub(crate) mod staging;

@@ -13,12 +13,21 @@ use crate::engine::completion::Completion;
 use crate::engine::perform::observer;
 use crate::engine::submission::{Inputs, Ready};
 use cudarc::driver::{CudaSlice, DevicePtr};
-use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, Work};
-use kolo_protocol::{Device, Response};
+use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, PersistentAllreduce, Work};
+use kolo_protocol::{DataType, Device, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Scale};
-use std::any::TypeId;
+use std::any::{Any, TypeId};
 use std::sync::Arc;
+
+/// The last whole submission the plane allreduced (its dtype and tensors,
+/// in the collective's order) and, once the same tensors came again, their
+/// persistent allreduce (a `PersistentAllreduce` of that dtype).
+pub(super) struct Repeated {
+    dtype: DataType,
+    lent: Vec<(u64, usize)>,
+    plan: Option<Box<dyn Any + Send>>,
+}
 
 /// The scale factors of a response.
 pub(super) fn scale_of(response: &Response) -> Scale {
@@ -89,6 +98,7 @@ impl NcclPlane {
             comm,
             buffers,
             space,
+            ..
         } = self;
         let mut views = Vec::with_capacity(lent.len());
         for (ptr, len) in lent {
@@ -135,14 +145,7 @@ impl NcclPlane {
                 let lent = arrange(order, lent.collect());
                 self.wait_submitted(inputs.device_ready())
                     .map_err(PlaneError::from)
-                    .and_then(|()| {
-                        self.fused_allreduce::<T>(
-                            response,
-                            lent.into_iter(),
-                            &[],
-                            &Timeline::disabled(),
-                        )
-                    })
+                    .and_then(|()| self.whole_allreduce::<T>(response, lent))
             }
             None => self.stand_ins::<T>(response, &arrange(order, inputs.lent_lens())),
         };
@@ -163,6 +166,50 @@ impl NcclPlane {
                     Ok(work) => work.on_complete(move |_| fail()),
                     Err(_) => fail(),
                 }
+            }
+        }
+    }
+
+    /// The fused allreduce of a whole submission's tensors `lent` (in the
+    /// collective's order; the stream has waited for the submitters): the
+    /// persistent allreduce of the same tensors when the last whole
+    /// submission was them too (a training step repeating), which costs
+    /// three launches; otherwise kolo-fusion's, and the tensors are
+    /// remembered.
+    fn whole_allreduce<T: DeviceElement>(
+        &mut self,
+        response: &Response,
+        lent: Vec<(u64, usize)>,
+    ) -> Result<Work, PlaneError> {
+        let NcclPlane { comm, repeated, .. } = self;
+        match repeated {
+            Some(last) if lent.len() > 1 && last.dtype == T::DTYPE && last.lent == lent => {
+                if last.plan.is_none() {
+                    let plan = PersistentAllreduce::<T>::new(comm, lent)?;
+                    last.plan = Some(Box::new(plan));
+                }
+                let plan = last
+                    .plan
+                    .as_mut()
+                    .and_then(|plan| plan.downcast_mut::<PersistentAllreduce<T>>())
+                    .ok_or_else(|| {
+                        PlaneError::Internal("a persistent allreduce of another type".into())
+                    })?;
+                // SAFETY: the tensors are this submission's, lent by
+                // address (live device memory of `T` on this device,
+                // checked at submission, disjoint views) until the work
+                // returned here completes, which completes the submission
+                // and returns its lease; the stream waited for the
+                // submitters' ready events (the caller).
+                Ok(unsafe { plan.run(comm, response.reduce_op, scale_of(response)) }?)
+            }
+            _ => {
+                *repeated = Some(Repeated {
+                    dtype: T::DTYPE,
+                    lent: lent.clone(),
+                    plan: None,
+                });
+                self.fused_allreduce::<T>(response, lent.into_iter(), &[], &Timeline::disabled())
             }
         }
     }

@@ -69,6 +69,8 @@ pub(crate) struct NcclPlane {
     pub(super) buffers: FusionBuffers<Cuda>,
     /// This device's memory, to view tensors lent by address.
     pub(super) space: UntrackedSpace,
+    /// The last whole submission allreduced, for a step that repeats it.
+    pub(super) repeated: Option<super::allreduce::Repeated>,
 }
 
 /// One tensor of a response on this rank.
@@ -109,6 +111,7 @@ impl NcclPlane {
             comm,
             buffers: FusionBuffers::default(),
             space,
+            repeated: None,
         }
     }
 

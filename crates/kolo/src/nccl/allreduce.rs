@@ -13,7 +13,7 @@ use crate::engine::completion::Completion;
 use crate::engine::perform::observer;
 use crate::engine::submission::{Inputs, Ready};
 use cudarc::driver::{CudaSlice, DevicePtr};
-use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, PersistentAllreduce, Work};
+use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, PersistentAllreduce, Untracked, Work};
 use kolo_protocol::{DataType, Device, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Scale};
@@ -182,8 +182,17 @@ impl NcclPlane {
         lent: Vec<(u64, usize)>,
     ) -> Result<Work, PlaneError> {
         let NcclPlane { comm, repeated, .. } = self;
+        if let [(ptr, len)] = lent[..] {
+            // One tensor: reduced in place, its work the step's (no pack,
+            // no second event to record).
+            // SAFETY: as for a persistent allreduce below: a lent device
+            // tensor of `len` elements of `T`, live until the returned work
+            // completes, the stream ordered after its submitter.
+            let mut buf = unsafe { Untracked::<T>::from_raw(ptr, len, Arc::clone(comm.stream())) };
+            return Ok(comm.all_reduce(&mut buf, response.reduce_op, scale_of(response))?);
+        }
         match repeated {
-            Some(last) if lent.len() > 1 && last.dtype == T::DTYPE && last.lent == lent => {
+            Some(last) if last.dtype == T::DTYPE && last.lent == lent => {
                 if last.plan.is_none() {
                     let plan = PersistentAllreduce::<T>::new(comm, lent)?;
                     last.plan = Some(Box::new(plan));

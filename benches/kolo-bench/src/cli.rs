@@ -65,14 +65,14 @@ pub struct Args {
     #[arg(long, default_value_t = 1, requires = "engine")]
     pub tensors: usize,
     /// Engine mode: submit the allreduce tensors as one group, a
-    /// `kolo::TensorGroup` made in every step, submitted in a scope
-    /// (without it: one `allreduce_async` per tensor in a scope).
+    /// `kolo::TensorGroup` made before the timing, submitted in a scope
+    /// step after step (without it: one `allreduce_async` per tensor in a
+    /// scope).
     #[arg(long, requires = "engine")]
     pub grouped: bool,
-    /// Engine mode: submit the allreduce tensors as one `kolo::TensorGroup`
-    /// made before the timing, with the blocking `Kolo::allreduce_group`
-    /// (the engine reads no name per step, and the caller's wait runs the
-    /// step). Implies `--grouped`.
+    /// Engine mode: submit the group with the blocking
+    /// `Kolo::allreduce_group` instead (the caller's wait runs the step).
+    /// Implies `--grouped`.
     #[arg(long, requires = "engine")]
     pub tensor_group: bool,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then

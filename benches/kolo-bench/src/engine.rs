@@ -85,7 +85,7 @@ pub fn engine_plan(
     let grouped = if options.submission.tensor_group {
         ", one TensorGroup, blocking"
     } else if options.submission.grouped {
-        ", a group made per step, in a scope"
+        ", one TensorGroup, in a scope"
     } else {
         ", one allreduce_async per tensor, in a scope"
     };

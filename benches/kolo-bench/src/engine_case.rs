@@ -72,11 +72,11 @@ pub fn skip_reason(spec: &Spec, tensors: usize) -> Option<String> {
 /// How a step submits its allreduces.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Submission {
-    /// One group (a `kolo::TensorGroup` made per step, submitted in a
-    /// scope) instead of K separate allreduces.
+    /// One group (a `kolo::TensorGroup` made once, submitted step after
+    /// step in a scope) instead of K separate allreduces.
     pub grouped: bool,
-    /// The group's names as one `kolo::TensorGroup` made once (with
-    /// `grouped`), submitted with the blocking `Kolo::allreduce_group`.
+    /// The group submitted with the blocking `Kolo::allreduce_group`
+    /// instead (implies `grouped`).
     pub tensor_group: bool,
 }
 
@@ -146,7 +146,7 @@ impl<T: Element> EngineCase<T> {
             _ => Vec::new(),
         };
         let names: Vec<String> = (0..tensors).map(|i| format!("t{i}")).collect();
-        let group = if submission.tensor_group {
+        let group = if submission.grouped {
             Some(
                 kolo::TensorGroup::new(&names).map_err(|source| BenchError::Engine {
                     op: "TensorGroup::new",
@@ -190,14 +190,12 @@ impl<T: Element> EngineCase<T> {
             BenchOp::Allreduce => {
                 let slices = split_mut(&mut self.recv, &self.parts);
                 if let Some(group) = &self.group {
-                    let mut slices = slices;
-                    return kolo.allreduce_group(group, &mut slices, op);
+                    if self.submission.tensor_group {
+                        return kolo.allreduce_group(group, slices, op);
+                    }
+                    return kolo.scope(|s| s.allreduce_group_async(group, slices, op)?.wait());
                 }
                 let names = &self.names;
-                if self.submission.grouped {
-                    let made = kolo::TensorGroup::new(names)?;
-                    return kolo.scope(|s| s.allreduce_group_async(&made, slices, op)?.wait());
-                }
                 kolo.scope(|s| {
                     let handles = names
                         .iter()

@@ -119,3 +119,26 @@ fn threads_of_a_rank_that_wait_together_all_complete() {
         .unwrap();
     }
 }
+
+/// A repeated `TensorGroup` of 1,000 tensors runs as one collective over
+/// the lent memory in every step after the first (the fast path), on
+/// every rank.
+#[test]
+fn a_repeated_large_group_runs_whole() {
+    let results = kolo::threads::run(2, kolo::Config::default(), |kolo| {
+        let group = kolo::TensorGroup::new((0..1000).map(|t| format!("t{t}")))?;
+        let mut bufs = vec![vec![1.0f32; 1024]; 1000];
+        let mut whole = Vec::new();
+        for _ in 0..6 {
+            let before = kolo.stats().whole_operations;
+            let mut slices: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            kolo.allreduce_group(&group, &mut slices, kolo::ReduceOp::Max)?;
+            whole.push(kolo.stats().whole_operations - before);
+        }
+        Ok(whole)
+    })
+    .unwrap();
+    for whole in results {
+        assert_eq!(whole[1..], [1; 5], "{whole:?}");
+    }
+}

@@ -72,10 +72,10 @@ pub const WORKLOAD: &[Case] = &[Case::new("workload", equivalence::workload)];
 
 /// Every submission style against every other, in any order and split
 /// (see [`order_jobs`] for the settings it runs under).
-pub const ORDERS: &[Case] = &[Case::new(
-    "any_order_any_style",
-    orders::any_order_any_style,
-)];
+pub const ORDERS: &[Case] = &[
+    Case::new("any_order_any_style", orders::any_order_any_style),
+    Case::new("group_after_cache_reuse", orders::group_after_cache_reuse),
+];
 
 /// [`ORDERS`] at each of `ranks`, under every combination of fusion on
 /// and off, the response cache on and off, and a timeline on and off

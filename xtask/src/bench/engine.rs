@@ -85,7 +85,7 @@ const MODES: &[(&[&str], &str)] = &[
     (&[], "1,000 `allreduce_async` in a scope"),
     (
         &["--grouped"],
-        "one `TensorGroup` made per step, `allreduce_group_async` in a scope",
+        "one `TensorGroup`, `allreduce_group_async` in a scope",
     ),
     (
         &["--tensor-group"],
@@ -201,9 +201,8 @@ mod tests {
         let times = vec![(vec![100.0, 300.0], vec![1000.0, 1000.0]); MODES.len()];
         let text = summary(&times, &[6.0, 8.0], 2, 40);
         assert_eq!(text.matches("| 200 | 1000 | 5.00x |").count(), MODES.len());
-        assert!(text.contains(
-            "| one `TensorGroup` made per step, `allreduce_group_async` in a scope | `--grouped` |"
-        ));
+        assert!(text
+            .contains("| one `TensorGroup`, `allreduce_group_async` in a scope | `--grouped` |"));
         assert!(
             text.ends_with("7.00 us (median of 2 repetition(s))"),
             "{text}"

@@ -15,7 +15,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
     /// whole submission: host tensors, or device tensors with a device
     /// plane.
     pub(crate) fn whole_served(&self, head: &Response) -> bool {
-        refusal(head, self.device.has_plane()).is_none()
+        !on_device(head) || refusal(head, self.device.has_plane()).is_none()
     }
 
     /// Performs the fused allreduce of the claimed submission `whole`

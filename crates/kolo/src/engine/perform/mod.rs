@@ -349,26 +349,39 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
     fn whole_submission(&mut self, work: &[Work<'_>], members: &[usize]) -> Option<Whole> {
         let first = work[*members.first()?].id?;
         let (key, _) = Batches::locate((*self.held.get(first.index())?)?);
-        let mut order: Vec<u32> = Vec::new();
+        let ids = self.batches.ids(key)?;
+        if ids.len() != members.len() {
+            return None;
+        }
+        // The part at each position, once a position holds another part
+        // than its own (until then, part i at position i).
+        let mut order: Option<Vec<u32>> = None;
+        // Each part once: a cycle may hold one tensor's id in two places
+        // (a refused tensor beside its cached response).
+        let mut seen = vec![false; members.len()];
         for (position, &m) in members.iter().enumerate() {
             let id = work[m].id?;
             let part = (*self.held.get(id.index())?)?;
             let (batch, index) = Batches::locate(part);
-            if batch != key {
+            // The part must be this tensor's in the submission held now
+            // (a hold left from a done submission may name a key since
+            // reused).
+            if batch != key || ids.get(index as usize) != Some(&id) {
                 return None;
             }
-            if order.is_empty() && index != position as u32 {
-                // Out of part order from here: the order of those before.
-                order.extend(0..position as u32);
+            if std::mem::replace(&mut seen[index as usize], true) {
+                return None;
             }
-            if !order.is_empty() {
+            if order.is_none() && index != position as u32 {
+                order = Some((0..position as u32).collect());
+            }
+            if let Some(order) = &mut order {
                 order.push(index);
             }
         }
-        // The members are distinct tensors, each held as one part, so
-        // they are distinct parts of the submission; claiming it whole
-        // checks that they are all of its parts and none is done.
-        let order = (!order.is_empty()).then(|| Arc::from(order));
+        // The members are all of the submission's parts, each once;
+        // claiming it whole checks that none is done.
+        let order = order.map(Arc::from);
         let whole = self.batches.claim_whole(key, members.len(), order)?;
         for &m in members {
             if let Some(held) = work[m].id.and_then(|id| self.held.get_mut(id.index())) {

@@ -226,7 +226,13 @@ impl Table {
         let known = matches!(group.names, Names::Known(_));
         let memo = match &group.names {
             Names::Each(names) => self.memos.iter().position(|m| m.names.matches(names)),
-            Names::Known(names) => self.known.iter().position(|m| Arc::ptr_eq(&m.names, names)),
+            // The group's own memo, or, for a group made anew with the
+            // same names (a binding that builds one per call), its twin's.
+            Names::Known(names) => self
+                .known
+                .iter()
+                .position(|m| Arc::ptr_eq(&m.names, names))
+                .or_else(|| self.known.iter().position(|m| *m.names == **names)),
         };
         let Checked {
             ids,

@@ -259,6 +259,30 @@ fn tensor_groups_are_found_by_address_and_many_are_remembered() {
     }
 }
 
+/// A group made anew with the names of one submitted before (a binding
+/// that builds a `TensorGroup` per call) repeats that one's submission.
+#[test]
+fn a_group_made_anew_with_the_same_names_is_a_repeat() {
+    let mut w = World::default();
+    let names: Vec<String> = (0..5).map(|i| format!("again/t{i}")).collect();
+    w.insert_group(&group_of(&names)).unwrap();
+    let (first, named) = w.take();
+    assert_eq!(named.len(), 5);
+    for name in &names {
+        assert!(w.complete(name));
+    }
+    w.insert_group(&group_of(&names)).unwrap();
+    let (again, named) = w.take();
+    assert!(named.is_empty());
+    assert!(
+        again.iter().all(|s| s.params.is_none()),
+        "the twin's memo: a repeat, no parameters sent"
+    );
+    let ids = |s: &[Request]| s.iter().map(|s| s.id).collect::<Vec<_>>();
+    assert_eq!(ids(&again), ids(&first));
+    assert_eq!(w.table.known.len(), 1, "no second memo for the twin");
+}
+
 #[test]
 fn a_tensor_group_shares_ids_and_flight_checks_with_its_names_one_by_one() {
     let mut w = World::default();

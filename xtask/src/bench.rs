@@ -11,6 +11,7 @@ mod engine_ab;
 mod engine_floor;
 mod flags;
 mod mpi;
+mod plain_async;
 mod runner;
 mod stats;
 mod threads_vs_mpi;
@@ -35,6 +36,7 @@ const SWEEPS: &[Sweep] = &[
     engine_floor::SWEEP,
     engine_ab::SWEEP,
     mpi::SWEEP,
+    plain_async::SWEEP,
     threads_vs_mpi::SWEEP,
 ];
 

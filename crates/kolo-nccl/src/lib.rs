@@ -183,10 +183,11 @@ pub use safe::fusion::DeviceFusionBuffer;
 pub use safe::memory::{Cuda, CudaBuffer};
 pub use safe::ops::DeviceElement;
 pub use safe::persistent::PersistentAllreduce;
+pub use safe::space::UntrackedSpace;
 pub use safe::staging::{HostStaging, DEFAULT_CHUNK_BYTES};
 pub use safe::teardown::Teardown;
 pub use safe::transaction::DeviceTransaction;
-pub use safe::untracked::{Untracked, UntrackedSpace};
+pub use safe::untracked::Untracked;
 pub use safe::views::{CudaMut, CudaRef};
 pub use safe::work::Work;
 

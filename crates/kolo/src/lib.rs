@@ -42,6 +42,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod config;
+#[cfg(feature = "nccl")]
+mod device_tensor;
 mod engine;
 mod error;
 mod group;
@@ -72,8 +74,8 @@ pub use kolo::Kolo;
 pub use kolo_protocol::{DataType, ReduceOp};
 pub use kolo_transport::Element;
 pub use logging::init_logging;
-pub use ops::{Received, ReduceOptions};
-pub use placed::{IntoTensor, IntoTensorMut};
+pub use ops::ReduceOptions;
+pub use placed::{IntoTensor, IntoTensorMut, Received};
 pub use scope::Scope;
 pub use split::split_rows;
 pub use stats::Stats;

@@ -7,7 +7,6 @@
 //! The traits are sealed: the memory kinds are kolo's to add, since each
 //! needs a performer in the engine.
 
-use crate::ops::Received;
 use crate::tensor::{Tensor, TensorMut};
 use kolo_transport::Element;
 
@@ -55,6 +54,15 @@ pub trait IntoTensor<'a>: sealed::Sealed + Sized {
     fn placed(self) -> Placed<'a, Self::Elem>;
 }
 
+/// What an alltoall delivered to this rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Received<T> {
+    /// Every peer's rows for this rank, in peer order.
+    pub data: Vec<T>,
+    /// How many rows came from each peer, in peer order.
+    pub splits: Vec<usize>,
+}
+
 /// A writable tensor and the memory it lives in.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -63,7 +71,7 @@ pub enum PlacedMut<'a, T> {
     Host(TensorMut<'a, T>),
     /// Memory of the engine's GPU.
     #[cfg(feature = "nccl")]
-    Device(crate::nccl::DeviceTensorMut<'a, T>),
+    Device(crate::device_tensor::DeviceTensorMut<'a, T>),
 }
 
 /// A read-only tensor and the memory it lives in.
@@ -74,7 +82,7 @@ pub enum Placed<'a, T> {
     Host(Tensor<'a, T>),
     /// Memory of the engine's GPU.
     #[cfg(feature = "nccl")]
-    Device(crate::nccl::DeviceTensor<'a, T>),
+    Device(crate::device_tensor::DeviceTensor<'a, T>),
 }
 
 impl<'a, T> PlacedMut<'a, T> {
@@ -179,4 +187,51 @@ impl<'a, T: Element, const N: usize> IntoTensor<'a> for &'a [T; N] {
     fn placed(self) -> Placed<'a, T> {
         Placed::Host(self.into())
     }
+}
+
+#[cfg(feature = "nccl")]
+mod device {
+    use super::{sealed, IntoTensor, IntoTensorMut, Placed, PlacedMut};
+    use crate::device_tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};
+    use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+    use kolo_transport::Element;
+
+    /// GPU memory in place: anything that is a [`DeviceTensorMut`].
+    macro_rules! device_mut {
+        ($($ty:ty),* $(,)?) => {$(
+            impl<'a, T: Element> sealed::Sealed for $ty {}
+            impl<'a, T: Element> IntoTensorMut<'a> for $ty {
+                type Elem = T;
+                #[inline]
+                fn placed(self) -> PlacedMut<'a, T> {
+                    PlacedMut::Device(self.into())
+                }
+            }
+        )*};
+    }
+
+    device_mut!(
+        &'a mut CudaSlice<T>,
+        CudaViewMut<'a, T>,
+        DeviceTensorMut<'a, T>
+    );
+
+    /// GPU memory read: anything that is a [`DeviceTensor`]; its results are
+    /// allocated on the engine's GPU.
+    macro_rules! device_ref {
+        ($($ty:ty),* $(,)?) => {$(
+            impl<'a, T: Element> sealed::Sealed for $ty {}
+            impl<'a, T: Element> IntoTensor<'a> for $ty {
+                type Elem = T;
+                type Gathered = CudaSlice<T>;
+                type Received = DeviceReceived<T>;
+                #[inline]
+                fn placed(self) -> Placed<'a, T> {
+                    Placed::Device(self.into())
+                }
+            }
+        )*};
+    }
+
+    device_ref!(&'a CudaSlice<T>, CudaView<'a, T>, DeviceTensor<'a, T>);
 }

@@ -90,14 +90,7 @@ pub fn workload(kolo: &Kolo) -> Result<Digest, Error> {
             .map(|t| vec![(r * t + step) as f32; 10 + t])
             .collect();
         let single_names: Vec<String> = (0..4).map(|t| format!("workload/single/{t}")).collect();
-        kolo.scope(|s| {
-            let handles = single_names
-                .iter()
-                .zip(singles.iter_mut())
-                .map(|(name, b)| s.allreduce_async(name, b, ReduceOp::Sum))
-                .collect::<Result<Vec<_>, _>>()?;
-            handles.into_iter().try_for_each(|h| h.wait())
-        })?;
+        crate::allreduce_each(kolo, &single_names, singles.iter_mut(), ReduceOp::Sum)?;
         let gathered = kolo.allgather("workload/gather", &vec![step as f32; r + 1])?;
         for result in bufs.iter().chain(&singles).chain([&gathered]) {
             bits.extend(result.iter().map(|v| u64::from(v.to_bits())));
@@ -129,16 +122,7 @@ pub fn warm_cache_gathers_nothing(kolo: &Kolo) -> Result<Digest, Error> {
     let n = kolo.size() as f32;
     let names: Vec<String> = (0..TENSORS).map(|t| format!("warm/{t}")).collect();
     let mut bufs: Vec<Vec<f32>> = (0..TENSORS).map(|t| vec![1.0; 1 + t * 3]).collect();
-    let mut step = || {
-        kolo.scope(|s| {
-            let handles = names
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(name, buf)| s.allreduce_async(name, buf, ReduceOp::Sum))
-                .collect::<Result<Vec<_>, _>>()?;
-            handles.into_iter().try_for_each(|h| h.wait())
-        })
-    };
+    let mut step = || crate::allreduce_each(kolo, &names, bufs.iter_mut(), ReduceOp::Sum);
     // Two cold steps fill the cache on every rank.
     step()?;
     step()?;
@@ -203,14 +187,7 @@ pub fn repeated_steps_any_submission(kolo: &Kolo) -> Result<Digest, Error> {
             .collect();
         let mut extra = vec![r as f32; 5];
         if (step + r) % 4 == 3 {
-            kolo.scope(|s| {
-                let handles = names
-                    .iter()
-                    .zip(bufs.iter_mut())
-                    .map(|(name, buf)| s.allreduce_async(name, buf, ReduceOp::Sum))
-                    .collect::<Result<Vec<_>, _>>()?;
-                handles.into_iter().try_for_each(|h| h.wait())
-            })?;
+            crate::allreduce_each(kolo, &names, bufs.iter_mut(), ReduceOp::Sum)?;
             if step == 7 {
                 kolo.allreduce("repeat/extra", &mut extra, ReduceOp::Sum)?;
             }

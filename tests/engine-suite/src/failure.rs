@@ -22,14 +22,7 @@ pub fn train(kolo: &Kolo, fail: impl Fn(usize)) -> Result<(), Error> {
         }
         let mut grads: Vec<Vec<f32>> = (0..4).map(|t| vec![(rank + t) as f32; 256]).collect();
         let names: Vec<String> = (0..4).map(|t| format!("grad/{t}")).collect();
-        kolo.scope(|s| {
-            let handles = names
-                .iter()
-                .zip(grads.iter_mut())
-                .map(|(name, g)| s.allreduce_async(name, g, ReduceOp::Average))
-                .collect::<Result<Vec<_>, _>>()?;
-            handles.into_iter().try_for_each(|h| h.wait())
-        })?;
+        crate::allreduce_each(kolo, &names, grads.iter_mut(), ReduceOp::Average)?;
     }
     Ok(())
 }

@@ -97,6 +97,24 @@ impl Case {
     }
 }
 
+/// Allreduces each of `bufs` as its name in `names`, one asynchronous
+/// call each in one scope, and waits for them all (the first error).
+pub(crate) fn allreduce_each<'b, T: kolo::Element>(
+    kolo: &Kolo,
+    names: &[String],
+    bufs: impl IntoIterator<Item = &'b mut Vec<T>>,
+    op: kolo::ReduceOp,
+) -> Result<(), Error> {
+    kolo.scope(|s| {
+        let handles = names
+            .iter()
+            .zip(bufs)
+            .map(|(name, buf)| s.allreduce_async(name, buf, op))
+            .collect::<Result<Vec<_>, _>>()?;
+        handles.into_iter().try_for_each(|h| h.wait())
+    })
+}
+
 /// The error of a result that must have failed (panics, as an assertion,
 /// on `Ok`).
 pub fn expect_err<T: std::fmt::Debug>(result: Result<T, Error>, what: &str) -> Error {

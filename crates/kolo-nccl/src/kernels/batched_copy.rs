@@ -210,13 +210,7 @@ impl NcclComm {
         // nothing else reads or writes now: the last kernel reading them
         // has completed (`settle`), and the slot is borrowed exclusively.
         let host = unsafe { std::slice::from_raw_parts_mut(slot.rows, slot.host.len()) };
-        let entries = copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
-            NcclError::InvalidArgument(format!(
-                "a copy table of {} bytes is too short for {} segments",
-                host.len(),
-                segments.len()
-            ))
-        })?;
+        let entries = plan_table(segments, host)?;
         // SAFETY: the rows were written above and stay untouched until
         // `in_flight` (recorded below, after the launch) completes; the
         // ranges are valid per this function's contract.
@@ -233,13 +227,7 @@ impl NcclComm {
         // SAFETY: `rows` spans the slot's `host.len()` pinned bytes, which
         // no kernel reads yet.
         let host = unsafe { std::slice::from_raw_parts_mut(slot.rows, slot.host.len()) };
-        let entries = copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
-            NcclError::InvalidArgument(format!(
-                "a copy table of {} bytes is too short for {} segments",
-                host.len(),
-                segments.len()
-            ))
-        })?;
+        let entries = plan_table(segments, host)?;
         Ok(CopyPlan { slot, entries })
     }
 
@@ -263,4 +251,15 @@ impl NcclComm {
         plan.slot.in_flight = Some(self.device.record()?);
         Ok(())
     }
+}
+
+/// Plans `segments` into the table `host`; its number of rows.
+fn plan_table(segments: &[Segment], host: &mut [u8]) -> Result<usize, NcclError> {
+    copy_ptx::plan_into(segments, CHUNK_BYTES, host).ok_or_else(|| {
+        NcclError::InvalidArgument(format!(
+            "a copy table of {} bytes is too short for {} segments",
+            host.len(),
+            segments.len()
+        ))
+    })
 }

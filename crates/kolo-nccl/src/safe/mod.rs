@@ -42,6 +42,7 @@ pub(crate) mod p2p;
 pub(crate) mod persistent;
 pub(crate) mod raw_comm;
 pub(crate) mod reduce_ops;
+pub(crate) mod space;
 pub(crate) mod staging;
 pub(crate) mod staging_tx;
 pub(crate) mod teardown;

@@ -6,7 +6,7 @@
 //! [`crate::TensorGroup`]) costs one wait for its ready event and no
 //! allocation, view or cudarc event per tensor.
 
-use super::plane::{collective, NcclPlane, PlaneError, NCCL_ALLREDUCE};
+use super::plane::{collective, NcclPlane, PlaneError, Repeated, NCCL_ALLREDUCE};
 use super::tensor::{OnDevice, ReadyEvents};
 use crate::engine::batches::{arrange, Order};
 use crate::engine::completion::Completion;
@@ -14,20 +14,11 @@ use crate::engine::perform::observer;
 use crate::engine::submission::{Inputs, Ready};
 use cudarc::driver::{CudaSlice, DevicePtr};
 use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, PersistentAllreduce, Untracked, Work};
-use kolo_protocol::{DataType, Device, Response};
+use kolo_protocol::{Device, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Scale};
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::sync::Arc;
-
-/// The last whole submission the plane allreduced (its dtype and tensors,
-/// in the collective's order) and, once the same tensors came again, their
-/// persistent allreduce (a `PersistentAllreduce` of that dtype).
-pub(super) struct Repeated {
-    dtype: DataType,
-    lent: Vec<(u64, usize)>,
-    plan: Option<Box<dyn Any + Send>>,
-}
 
 /// The scale factors of a response.
 pub(super) fn scale_of(response: &Response) -> Scale {

@@ -8,7 +8,7 @@ use super::plane::{
     topology, Enqueued, NcclPlane, Output, Part, PlaneError, NCCL_ALLGATHER, NCCL_ALLTOALL,
     NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
-use super::tensor::DeviceReceived;
+use crate::device_tensor::DeviceReceived;
 use crate::split::{alltoall_counts, gathered_row_elems, row_elems, split_rows};
 use cudarc::driver::{CudaSlice, DeviceSlice};
 use kolo_nccl::{DeviceElement, NcclComm, NcclError, Untracked, Work};

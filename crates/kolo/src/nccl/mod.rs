@@ -56,10 +56,10 @@ mod scope;
 mod start;
 mod tensor;
 
+pub use crate::device_tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};
 pub use cudarc;
 pub use kolo_nccl::{DeviceElement, NcclOptions};
 pub use plane::{
     NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
 pub use start::{run, run_with};
-pub use tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};

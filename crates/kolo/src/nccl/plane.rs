@@ -18,7 +18,7 @@ use crate::error::Error;
 use cudarc::driver::CudaStream;
 use kolo_fusion::{FusionBuffers, FusionError};
 use kolo_nccl::{Cuda, DeviceElement, NcclComm, NcclError, UntrackedSpace, Work};
-use kolo_protocol::{RequestKind, Response};
+use kolo_protocol::{DataType, RequestKind, Response};
 use kolo_timeline::Timeline;
 use kolo_transport::{with_element_type, Topology};
 use std::any::{Any, TypeId};
@@ -62,6 +62,15 @@ pub const NCCL_REDUCESCATTER: &str = "NCCL_REDUCESCATTER";
 /// Timeline activity of the NCCL alltoall (grouped sends and receives).
 pub const NCCL_ALLTOALL: &str = "NCCL_ALLTOALL";
 
+/// The last whole submission the plane allreduced (its dtype and tensors,
+/// in the collective's order) and, once the same tensors came again, their
+/// persistent allreduce (a `PersistentAllreduce` of that dtype).
+pub(super) struct Repeated {
+    pub(super) dtype: DataType,
+    pub(super) lent: Vec<(u64, usize)>,
+    pub(super) plan: Option<Box<dyn Any + Send>>,
+}
+
 /// One rank's NCCL communicator and device fusion buffers.
 pub(crate) struct NcclPlane {
     pub(super) comm: NcclComm,
@@ -70,7 +79,7 @@ pub(crate) struct NcclPlane {
     /// This device's memory, to view tensors lent by address.
     pub(super) space: UntrackedSpace,
     /// The last whole submission allreduced, for a step that repeats it.
-    pub(super) repeated: Option<super::allreduce::Repeated>,
+    pub(super) repeated: Option<Repeated>,
 }
 
 /// One tensor of a response on this rank.

@@ -9,7 +9,8 @@
 //! it — for device tensors, once the GPU is — whatever became of the
 //! handles.
 
-use super::tensor::{DeviceArgs, DeviceDone, DeviceTensor, DeviceTensorMut, OnDevice, ReadyEvents};
+use super::tensor::{DeviceArgs, DeviceDone, OnDevice, ReadyEvents};
+use crate::device_tensor::{DeviceTensor, DeviceTensorMut};
 use crate::engine::submission::{Input, Inputs, Submission};
 use crate::error::Error;
 use crate::group::TensorGroup;

@@ -1,110 +1,14 @@
-//! Device tensors as the caller hands them in ([`DeviceTensor`],
-//! [`DeviceTensorMut`]: a cudarc view plus a shape) and as the engine
-//! receives them (`DeviceArgs`: lifetime-erased views and their
-//! addresses, the ready events, and a `Lease` that tells the caller's
-//! scope when the engine is done with the memory).
+//! Device tensors as the engine receives them (`DeviceArgs`:
+//! lifetime-erased views and their addresses, the ready events, and a
+//! `Lease` that tells the caller's scope when the engine is done with the
+//! memory); the caller's side is `crate::device_tensor`.
 
 use super::ready::ReadyEvent;
 use crate::engine::lease::Lease;
-use crate::placed::sealed::Sealed;
-use crate::placed::{IntoTensor, IntoTensorMut, Placed, PlacedMut};
-use crate::tensor::Dims;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
-use kolo_transport::Element;
 use std::any::Any;
 use std::sync::Arc;
-
-/// A read-only device tensor: a cudarc view and a row-major shape. A
-/// `&CudaSlice` or a `CudaView` converts into a 1-D tensor.
-#[derive(Debug)]
-pub struct DeviceTensor<'a, T> {
-    pub(crate) view: CudaView<'a, T>,
-    pub(crate) shape: Dims,
-}
-
-/// A writable device tensor: a cudarc view and a row-major shape. A
-/// `&mut CudaSlice` or a `CudaViewMut` converts into a 1-D tensor.
-#[derive(Debug)]
-pub struct DeviceTensorMut<'a, T> {
-    pub(crate) view: CudaViewMut<'a, T>,
-    pub(crate) shape: Dims,
-}
-
-impl<'a, T> DeviceTensor<'a, T> {
-    /// `view` with `shape` (checked against its length at submission).
-    pub fn with_shape(view: CudaView<'a, T>, shape: impl AsRef<[usize]>) -> Self {
-        DeviceTensor {
-            view,
-            shape: Dims::from_slice(shape.as_ref()),
-        }
-    }
-
-    /// The dimensions.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-}
-
-impl<'a, T> DeviceTensorMut<'a, T> {
-    /// `view` with `shape` (checked against its length at submission).
-    pub fn with_shape(view: CudaViewMut<'a, T>, shape: impl AsRef<[usize]>) -> Self {
-        DeviceTensorMut {
-            view,
-            shape: Dims::from_slice(shape.as_ref()),
-        }
-    }
-
-    /// The dimensions.
-    pub fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-}
-
-impl<'a, T> From<&'a CudaSlice<T>> for DeviceTensor<'a, T> {
-    fn from(slice: &'a CudaSlice<T>) -> Self {
-        let shape = Dims::from_buf_and_len([slice.len(), 0, 0, 0], 1);
-        DeviceTensor {
-            view: slice.as_view(),
-            shape,
-        }
-    }
-}
-
-impl<'a, T> From<CudaView<'a, T>> for DeviceTensor<'a, T> {
-    fn from(view: CudaView<'a, T>) -> Self {
-        let shape = Dims::from_buf_and_len([view.len(), 0, 0, 0], 1);
-        DeviceTensor { view, shape }
-    }
-}
-
-impl<'a, T> From<&'a mut CudaSlice<T>> for DeviceTensorMut<'a, T> {
-    fn from(slice: &'a mut CudaSlice<T>) -> Self {
-        let shape = Dims::from_buf_and_len([slice.len(), 0, 0, 0], 1);
-        DeviceTensorMut {
-            view: slice.as_view_mut(),
-            shape,
-        }
-    }
-}
-
-impl<'a, T> From<CudaViewMut<'a, T>> for DeviceTensorMut<'a, T> {
-    fn from(view: CudaViewMut<'a, T>) -> Self {
-        let shape = Dims::from_buf_and_len([view.len(), 0, 0, 0], 1);
-        DeviceTensorMut { view, shape }
-    }
-}
-
-/// What a device alltoall delivered to this rank.
-#[derive(Debug)]
-pub struct DeviceReceived<T> {
-    /// Every peer's rows for this rank, in peer order, in a buffer the
-    /// engine allocated on its stream (one spare element when nothing
-    /// arrived: CUDA allocates no empty buffers).
-    pub data: CudaSlice<T>,
-    /// How many rows came from each peer, in peer order.
-    pub splits: Vec<usize>,
-}
 
 /// The caller's memory the engine works on for one tensor, with the
 /// borrow's lifetime erased: the [`Lease`] keeps the caller's scope
@@ -187,42 +91,3 @@ impl ReadyEvents {
         self.recorded.iter().map(|(_, event)| &**event)
     }
 }
-
-/// GPU memory in place: anything that is a [`DeviceTensorMut`].
-macro_rules! device_mut {
-    ($($ty:ty),* $(,)?) => {$(
-        impl<'a, T: Element> Sealed for $ty {}
-        impl<'a, T: Element> IntoTensorMut<'a> for $ty {
-            type Elem = T;
-            #[inline]
-            fn placed(self) -> PlacedMut<'a, T> {
-                PlacedMut::Device(self.into())
-            }
-        }
-    )*};
-}
-
-device_mut!(
-    &'a mut CudaSlice<T>,
-    CudaViewMut<'a, T>,
-    DeviceTensorMut<'a, T>
-);
-
-/// GPU memory read: anything that is a [`DeviceTensor`]; its results are
-/// allocated on the engine's GPU.
-macro_rules! device_ref {
-    ($($ty:ty),* $(,)?) => {$(
-        impl<'a, T: Element> Sealed for $ty {}
-        impl<'a, T: Element> IntoTensor<'a> for $ty {
-            type Elem = T;
-            type Gathered = CudaSlice<T>;
-            type Received = DeviceReceived<T>;
-            #[inline]
-            fn placed(self) -> Placed<'a, T> {
-                Placed::Device(self.into())
-            }
-        }
-    )*};
-}
-
-device_ref!(&'a CudaSlice<T>, CudaView<'a, T>, DeviceTensor<'a, T>);

@@ -6,20 +6,11 @@ use crate::engine::submission::Input;
 use crate::error::Error;
 use crate::handle::Handle;
 use crate::kolo::Kolo;
-use crate::placed::{IntoTensor, IntoTensorMut, Placed, PlacedMut};
+use crate::placed::{IntoTensor, IntoTensorMut, Placed, PlacedMut, Received};
 use crate::scope::Scope;
 use crate::tensor::shape_problem;
 use kolo_protocol::{Params, RequestKind};
 use kolo_transport::Element;
-
-/// What an alltoall delivered to this rank.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Received<T> {
-    /// Every peer's rows for this rank, in peer order.
-    pub data: Vec<T>,
-    /// How many rows came from each peer, in peer order.
-    pub splits: Vec<usize>,
-}
 
 impl Kolo {
     /// Concatenates every rank's `input` along the first dimension, in rank

@@ -17,7 +17,6 @@ use crate::engine::completion::Payload;
 use crate::error::Error;
 use kolo_protocol::ReduceOp;
 
-pub use gather::Received;
 #[cfg(feature = "nccl")]
 pub(crate) use reduce::my_rows;
 

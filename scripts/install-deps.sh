@@ -4,8 +4,10 @@
 set -euo pipefail
 
 # The default (threads) build needs no system library. kolo-mpi needs an MPI
-# (OpenMPI: mpirun, mpicc, headers) and libclang for rsmpi's bindgen.
-needed=(openmpi-bin libopenmpi-dev libclang-dev clang)
+# (OpenMPI: mpirun, mpicc, headers) and libclang for rsmpi's bindgen;
+# kolo-ucx needs UCX's headers and pkg-config file (and libclang for its
+# own bindgen) to build, and UCX's libraries to run.
+needed=(openmpi-bin libopenmpi-dev libclang-dev clang libucx-dev pkg-config)
 
 missing=()
 for pkg in "${needed[@]+"${needed[@]}"}"; do

@@ -14,6 +14,23 @@ pub fn as_bytes<T: Element>(buf: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), std::mem::size_of_val(buf)) }
 }
 
+/// The bytes of `buf` to write into (a receive straight into a tensor),
+/// for every element type whose values are all byte patterns: `None` for
+/// `bool` (receive its bytes elsewhere and check them with
+/// [`copy_from_bytes`]).
+pub fn as_bytes_mut<T: Element>(buf: &mut [T]) -> Option<&mut [u8]> {
+    if T::DTYPE == DataType::Bool {
+        return None;
+    }
+    // SAFETY: as for `as_bytes`, and any byte pattern is a valid value of
+    // every `Element` type but `bool` (refused above), so whatever is
+    // written through the bytes leaves valid elements; the mutable borrow
+    // is exclusive for the returned lifetime.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(buf))
+    })
+}
+
 /// Copies `src` (the bytes of `dst.len()` elements of type `T`, as written
 /// by [`as_bytes`]) into `dst`. A length that does not match, or a byte that
 /// is not a valid `bool` when `T` is `bool`, is an `InvalidArgument` error.
@@ -67,6 +84,16 @@ mod tests {
         copy_from_bytes(&mut back, as_bytes(&bools)).unwrap();
         assert_eq!(back, bools);
         assert_eq!(as_bytes(&bools), &[1, 0, 1]);
+    }
+
+    #[test]
+    fn every_type_but_bool_is_writable_as_bytes() {
+        let mut ints = [0i32; 2];
+        as_bytes_mut(&mut ints)
+            .unwrap()
+            .copy_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(ints, [1, 2]);
+        assert!(as_bytes_mut(&mut [false; 2]).is_none());
     }
 
     #[test]

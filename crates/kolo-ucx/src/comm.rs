@@ -1,0 +1,458 @@
+//! [`UcxComm`]: a communicator of processes over UCX. One worker, an
+//! endpoint to every peer (their addresses exchanged through
+//! kolo-rendezvous), tagged send and receive (see [`crate::tags`]) for
+//! the data plane, whose collectives are kolo-transport's generic
+//! algorithms, and probed variable-size messages for the control plane.
+
+use crate::result::{self, UcsError};
+use crate::safe::wait::{wait_all, InFlight, WaitError};
+use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
+use crate::sys;
+use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
+use kolo_rendezvous::Rendezvous;
+use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
+use kolo_transport::{BitOp, Collectives, Controller, Element, Result, Topology, TransportError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Control-plane tags (each ordered per pair of ranks, and every rank
+/// makes the same control calls in the same order).
+const GATHER: u32 = 1;
+const BROADCAST: u32 = 2;
+/// How long closing an endpoint may take.
+const CLOSE_BOUND: Duration = Duration::from_secs(5);
+
+/// A failure of the UCX backend.
+#[derive(Debug, thiserror::Error)]
+pub enum UcxError {
+    /// A UCX call failed.
+    #[error(transparent)]
+    Ucs(#[from] UcsError),
+    /// The processes could not meet.
+    #[error(transparent)]
+    Rendezvous(#[from] kolo_rendezvous::RendezvousError),
+    /// Too many ranks for the tag layout.
+    #[error("{0} ranks: a UCX communicator holds at most {MAX_RANKS}")]
+    TooManyRanks(usize),
+}
+
+impl From<UcxError> for TransportError {
+    fn from(e: UcxError) -> Self {
+        TransportError::Backend(e.to_string())
+    }
+}
+
+/// A communicator of the processes of a job over UCX (see the module
+/// docs). Operations are blocking and progress the worker on the calling
+/// thread.
+#[derive(Debug)]
+pub struct UcxComm {
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    /// One per rank (this rank's own included), closed before the worker.
+    endpoints: Vec<Endpoint>,
+    /// What each endpoint's error handler records, by rank.
+    peers: Vec<Arc<PeerState>>,
+    worker: Worker,
+}
+
+impl UcxComm {
+    /// Joins the job the environment describes (torchrun's variables, see
+    /// `kolo_rendezvous::LaunchVars`) and connects to every rank.
+    pub fn from_env() -> std::result::Result<UcxComm, UcxError> {
+        let mut rendezvous = Rendezvous::from_env()?;
+        let comm = UcxComm::connect(&mut rendezvous)?;
+        rendezvous.close()?;
+        Ok(comm)
+    }
+
+    /// Connects to every rank of `rendezvous`'s job: every rank's worker
+    /// address is exchanged through the store, then an endpoint made to
+    /// each (every rank calls it).
+    pub fn connect(rendezvous: &mut Rendezvous) -> std::result::Result<UcxComm, UcxError> {
+        let size = rendezvous.world_size();
+        if size > MAX_RANKS {
+            return Err(UcxError::TooManyRanks(size));
+        }
+        let worker = Worker::new()?;
+        let addresses = rendezvous.allgather("ucx/address", &worker.address()?)?;
+        let endpoints = connect_all(&worker, &addresses)?;
+        let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
+        let mut comm = UcxComm {
+            rank: rendezvous.rank(),
+            size,
+            local_rank: rendezvous.local_rank(),
+            local_size: rendezvous.local_world_size(),
+            endpoints,
+            peers,
+            worker,
+        };
+        // Wires every endpoint up before anyone leaves the rendezvous.
+        comm.control_barrier().map_err(|e| UcsError {
+            call: "the first barrier over UCX",
+            status: 0,
+            text: e.to_string(),
+        })?;
+        rendezvous.barrier("ucx/connected")?;
+        Ok(comm)
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.size {
+            return Err(TransportError::InvalidArgument(format!(
+                "rank {peer} out of range for a communicator of {} ranks",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// The error of a wait on `peer` that failed.
+    fn failed(&self, peer: usize, what: &str, e: WaitError) -> TransportError {
+        match e {
+            WaitError::PeerFailed(cause) => TransportError::PeerFailed {
+                rank: peer,
+                message: format!("{what}: UCX reported {cause}"),
+            },
+            WaitError::Ucs(cause) => TransportError::Backend(format!("{what}: {cause}")),
+            WaitError::TimedOut => TransportError::Timeout(format!("{what} with rank {peer}")),
+        }
+    }
+
+    fn start_send(&self, bytes: &[u8], peer: usize, tag: u64) -> Result<InFlight> {
+        let params = plain_params();
+        // SAFETY: the endpoint is live; the caller keeps `bytes` alive and
+        // unchanged until the returned request completed.
+        let started = unsafe {
+            result::tag_send(
+                self.endpoints[peer].raw(),
+                buffer_ptr(bytes),
+                bytes.len(),
+                tag,
+                &params,
+            )
+        }
+        .map_err(|e| TransportError::Backend(e.to_string()))?;
+        Ok(InFlight::new(started, false, 0, "ucp_tag_send_nbx"))
+    }
+
+    fn start_recv(&self, bytes: &mut [u8], tag: u64) -> Result<InFlight> {
+        // Always a request: its test reports the length received (UCX
+        // 1.13 leaves `recv_info` unset when a receive completes at once).
+        let mut params = plain_params();
+        params.op_attr_mask = sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+        let ptr = if bytes.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            bytes.as_mut_ptr().cast()
+        };
+        // SAFETY: the worker is live; the caller keeps `bytes` borrowed
+        // until the returned request completed (or was cancelled and
+        // completed).
+        let started = unsafe {
+            result::tag_recv(self.worker.raw(), ptr, bytes.len(), tag, FULL_MASK, &params)
+        }
+        .map_err(|e| TransportError::Backend(e.to_string()))?;
+        Ok(InFlight::new(
+            started,
+            true,
+            bytes.len(),
+            "ucp_tag_recv_nbx",
+        ))
+    }
+
+    /// Receives into `bytes` exactly its length from `peer` with `tag`.
+    fn recv_bytes(&mut self, bytes: &mut [u8], peer: usize, tag: u64, what: &str) -> Result<()> {
+        let mut requests = [self.start_recv(bytes, tag)?];
+        wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+            .map_err(|e| self.failed(peer, what, e))?;
+        check_length(requests[0].received, bytes.len(), peer, what)
+    }
+
+    fn send_bytes(&mut self, bytes: &[u8], peer: usize, tag: u64, what: &str) -> Result<()> {
+        let mut requests = [self.start_send(bytes, peer, tag)?];
+        wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+            .map_err(|e| self.failed(peer, what, e))
+    }
+
+    /// Receives a control message of any length from `peer`.
+    fn recv_any(&mut self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        let what = "a control message";
+        loop {
+            // SAFETY: the worker is live; a probed message is received
+            // right below.
+            if let Some((message, len)) =
+                unsafe { result::tag_probe(self.worker.raw(), tag, FULL_MASK) }
+            {
+                let mut bytes = vec![0u8; len];
+                let params = plain_params();
+                let ptr = if len == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    bytes.as_mut_ptr().cast()
+                };
+                // SAFETY: `bytes` holds the message's length and stays
+                // borrowed until the request completed below.
+                let started =
+                    unsafe { result::tag_msg_recv(self.worker.raw(), ptr, len, message, &params) }
+                        .map_err(|e| TransportError::Backend(e.to_string()))?;
+                let mut requests = [InFlight::new(started, true, len, "ucp_tag_msg_recv_nbx")];
+                wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+                    .map_err(|e| self.failed(peer, what, e))?;
+                return Ok(bytes);
+            }
+            if let Some(cause) = self.peers[peer].failure() {
+                return Err(self.failed(peer, what, WaitError::PeerFailed(cause)));
+            }
+            if self.worker.progress() == 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Endpoints to every address, in UCX's peer error handling mode where
+/// the transports offer it; otherwise (shared memory alone) without, and
+/// a peer that dies is then noticed only by the job's launcher.
+fn connect_all(
+    worker: &Worker,
+    addresses: &[Vec<u8>],
+) -> std::result::Result<Vec<Endpoint>, UcsError> {
+    let mut peer_errors = true;
+    let mut endpoints = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        let endpoint = match Endpoint::connect(worker, address, peer_errors) {
+            Err(e) if peer_errors && endpoints.is_empty() => {
+                tracing::warn!(
+                    "UCX's transports (UCX_TLS) offer no peer error handling ({e}): \
+                     a rank that dies is not detected by kolo-ucx"
+                );
+                peer_errors = false;
+                Endpoint::connect(worker, address, false)?
+            }
+            other => other?,
+        };
+        endpoints.push(endpoint);
+    }
+    Ok(endpoints)
+}
+
+/// Fails unless a receive of `want` bytes got exactly that many.
+fn check_length(got: Option<usize>, want: usize, peer: usize, what: &str) -> Result<()> {
+    match got {
+        Some(got) if got == want => Ok(()),
+        Some(got) => Err(TransportError::InvalidArgument(format!(
+            "{what}: rank {peer} sent {got} bytes, the receive expected {want}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl Drop for UcxComm {
+    fn drop(&mut self) {
+        for endpoint in self.endpoints.drain(..) {
+            endpoint.close(&mut self.worker, false, CLOSE_BOUND);
+        }
+    }
+}
+
+impl Topology for UcxComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+    fn local_size(&self) -> usize {
+        self.local_size
+    }
+}
+
+impl Collectives for UcxComm {
+    fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let t = tags::tag(self.rank, tag, Plane::Data);
+        self.send_bytes(as_bytes(buf), peer, t, "a send")
+    }
+
+    fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
+        self.check_peer(peer)?;
+        let t = tags::tag(peer, tag, Plane::Data);
+        match as_bytes_mut(buf) {
+            Some(bytes) => self.recv_bytes(bytes, peer, t, "a receive"),
+            None => {
+                // bools: their bytes are checked before they become values.
+                let mut staged = vec![0u8; std::mem::size_of_val(buf)];
+                self.recv_bytes(&mut staged, peer, t, "a receive")?;
+                copy_from_bytes(buf, &staged)
+            }
+        }
+    }
+
+    fn sendrecv<T: Element>(
+        &mut self,
+        send: &[T],
+        dst: usize,
+        recv: &mut [T],
+        src: usize,
+        tag: u32,
+    ) -> Result<()> {
+        self.check_peer(dst)?;
+        self.check_peer(src)?;
+        let Some(recv) = as_bytes_mut(recv) else {
+            // bools: a send, then a checked receive (UCX sends do not wait
+            // for their receiver's post).
+            self.send(send, dst, tag)?;
+            return self.recv(recv, src, tag);
+        };
+        let want = recv.len();
+        let receive = self.start_recv(recv, tags::tag(src, tag, Plane::Data))?;
+        let send =
+            match self.start_send(as_bytes(send), dst, tags::tag(self.rank, tag, Plane::Data)) {
+                Ok(send) => send,
+                Err(e) => {
+                    let mut pending = [receive];
+                    let _ = wait_all(&mut self.worker, &mut pending, &[], Some(Instant::now()));
+                    return Err(e);
+                }
+            };
+        let mut requests = [receive, send];
+        let states = [&*self.peers[src], &*self.peers[dst]];
+        let waited = wait_all(&mut self.worker, &mut requests, &states, None);
+        waited.map_err(|e| {
+            let peer = if self.peers[src].failure().is_some() {
+                src
+            } else {
+                dst
+            };
+            self.failed(peer, "an exchange", e)
+        })?;
+        check_length(requests[0].received, want, src, "an exchange")
+    }
+}
+
+impl Controller for UcxComm {
+    fn gather_bytes(&mut self, msg: &[u8], root: usize) -> Result<Option<Vec<Vec<u8>>>> {
+        self.check_peer(root)?;
+        if self.rank != root {
+            let t = tags::tag(self.rank, GATHER, Plane::Control);
+            self.send_bytes(msg, root, t, "a control gather")?;
+            return Ok(None);
+        }
+        let mut all = Vec::with_capacity(self.size);
+        for peer in 0..self.size {
+            if peer == self.rank {
+                all.push(msg.to_vec());
+            } else {
+                all.push(self.recv_any(peer, tags::tag(peer, GATHER, Plane::Control))?);
+            }
+        }
+        Ok(Some(all))
+    }
+
+    fn broadcast_bytes(&mut self, msg: &[u8], root: usize) -> Result<Vec<u8>> {
+        self.check_peer(root)?;
+        if self.rank == root {
+            let t = tags::tag(self.rank, BROADCAST, Plane::Control);
+            // All at once: the root does not wait for one peer before the
+            // next.
+            let mut requests = Vec::with_capacity(self.size);
+            let mut peers = Vec::with_capacity(self.size);
+            for peer in (0..self.size).filter(|&p| p != root) {
+                requests.push(self.start_send(msg, peer, t)?);
+                peers.push(peer);
+            }
+            let states: Vec<&PeerState> = peers.iter().map(|&p| &*self.peers[p]).collect();
+            let waited = wait_all(&mut self.worker, &mut requests, &states, None);
+            waited.map_err(|e| {
+                let peer = peers
+                    .iter()
+                    .copied()
+                    .find(|&p| self.peers[p].failure().is_some())
+                    .unwrap_or(root);
+                self.failed(peer, "a control broadcast", e)
+            })?;
+            return Ok(msg.to_vec());
+        }
+        self.recv_any(root, tags::tag(root, BROADCAST, Plane::Control))
+    }
+
+    fn allgather_bytes(&mut self, msg: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let gathered = self.gather_bytes(msg, 0)?;
+        let packed = gathered.map(|all| pack(&all)).unwrap_or_default();
+        unpack(&self.broadcast_bytes(&packed, 0)?, self.size)
+    }
+
+    fn control_barrier(&mut self) -> Result<()> {
+        self.allgather_bytes(&[]).map(drop)
+    }
+
+    fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
+        let mine: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let all = self.allgather_bytes(&mine)?;
+        let mut reduced = words.to_vec();
+        for (peer, bytes) in all.iter().enumerate() {
+            if bytes.len() != words.len() * 8 {
+                return Err(TransportError::InvalidArgument(format!(
+                    "bitwise allreduce: rank {peer} passed {} words, rank {} passed {}",
+                    bytes.len() / 8,
+                    self.rank,
+                    words.len()
+                )));
+            }
+            for (r, chunk) in reduced.iter_mut().zip(bytes.chunks_exact(8)) {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(chunk);
+                let v = u64::from_ne_bytes(w);
+                match op {
+                    BitOp::And => *r &= v,
+                    BitOp::Or => *r |= v,
+                }
+            }
+        }
+        words.copy_from_slice(&reduced);
+        Ok(())
+    }
+}
+
+/// Messages as one buffer: each length (8 bytes, little-endian), then its
+/// bytes.
+fn pack(messages: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(messages.iter().map(|m| m.len() + 8).sum());
+    for m in messages {
+        out.extend_from_slice(&(m.len() as u64).to_le_bytes());
+        out.extend_from_slice(m);
+    }
+    out
+}
+
+/// [`pack`]'s messages back, `count` of them.
+fn unpack(mut bytes: &[u8], count: usize) -> Result<Vec<Vec<u8>>> {
+    let malformed = || TransportError::Backend("a malformed control broadcast".into());
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (len, rest) = bytes.split_at_checked(8).ok_or_else(malformed)?;
+        let len = u64::from_le_bytes(len.try_into().map_err(|_| malformed())?) as usize;
+        let (message, rest) = rest.split_at_checked(len).ok_or_else(malformed)?;
+        out.push(message.to_vec());
+        bytes = rest;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_messages_come_back() {
+        let messages = vec![vec![1, 2, 3], vec![], vec![9; 20]];
+        assert_eq!(unpack(&pack(&messages), 3).unwrap(), messages);
+        assert!(unpack(&pack(&messages)[..5], 3).is_err());
+    }
+}

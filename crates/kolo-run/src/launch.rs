@@ -168,6 +168,11 @@ pub fn run(plan: &Plan, program: &[String], grace: Duration) -> Result<(), Failu
     }
 }
 
+/// Kills the process group `child` leads (it and what it started).
+pub fn kill_group(child: &Child) {
+    signal_group(child, libc::SIGKILL);
+}
+
 /// Sends `signal` to the process group `child` leads.
 fn signal_group(child: &Child, signal: libc::c_int) {
     if let Ok(pid) = libc::pid_t::try_from(child.id()) {

@@ -10,10 +10,8 @@
 //! kolo-run --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 -n 8 ./train
 //! ```
 
-mod launch;
-mod plan;
-
 use clap::Parser;
+use kolo_run::{launch, plan};
 use std::process::ExitCode;
 
 /// Starts `-n` processes of `PROGRAM` on this host as ranks of a job of

@@ -1,7 +1,9 @@
 //! What `kolo-run` starts: the variables of each local process, a pure
 //! function of the command line (tested without starting anything).
 
-/// The job as this host starts its part of it.
+/// The job as this host starts its part of it (the command line's
+/// values, checked).
+#[allow(missing_docs)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub nproc_per_node: usize,

@@ -8,8 +8,8 @@
 use kolo_conformance::{random_cases, run_random_cases, run_suite, RandomOp, SuiteOptions};
 use kolo_transport::{BitOp, Controller, Topology};
 use kolo_ucx::UcxComm;
-use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
 /// The transports of each job: shared memory, then TCP (with `self`, the
 /// transport of a rank's messages to itself).
@@ -50,68 +50,22 @@ fn main() -> ExitCode {
     }
 }
 
-/// Starts `np` ranks of this binary with `UCX_TLS=tls` and waits for them
-/// (bounded): every rank must succeed.
+/// Runs `np` ranks of this binary with `UCX_TLS=tls` (as `kolo-run`
+/// starts them): every rank must succeed within the bound.
 fn run_job(exe: &std::path::Path, np: usize, tls: &str) -> Result<(), String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let mut children = Vec::new();
-    for rank in 0..np {
-        let child = Command::new(exe)
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", np.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", np.to_string())
-            .env("KOLO_RENDEZVOUS_TIMEOUT", "60")
-            .env("UCX_TLS", tls)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting rank {rank}: {e}"))?;
-        children.push(child);
-    }
-    let deadline = Instant::now() + JOB_BOUND;
-    let mut report = String::new();
-    let mut ok = true;
-    for (rank, mut child) in children.into_iter().enumerate() {
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        match status {
-            Some(s) if s.success() => {}
-            Some(s) => {
-                ok = false;
-                report.push_str(&format!("rank {rank} ended with {s}:\n{text}\n"));
-            }
-            None => {
-                ok = false;
-                report.push_str(&format!(
-                    "rank {rank} did not end within {JOB_BOUND:?}:\n{text}\n"
-                ));
-            }
-        }
-    }
-    if ok {
+    let env = [("UCX_TLS", tls), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+    let ranks = kolo_run::run_captured(np, exe, &[], &env, JOB_BOUND)?;
+    let report: String = ranks
+        .iter()
+        .filter(|r| !r.succeeded())
+        .map(|r| {
+            format!(
+                "rank {} ended with {:?}:\n{}{}\n",
+                r.rank, r.status, r.stdout, r.stderr
+            )
+        })
+        .collect();
+    if report.is_empty() {
         Ok(())
     } else {
         Err(report)

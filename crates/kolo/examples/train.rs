@@ -19,6 +19,12 @@
 //! # oversubscription flags):
 //! cargo build --release -p kolo --features mpi --example train
 //! mpirun -np 4 target/release/examples/train --backend mpi
+//!
+//! # One process per rank over UCX, without MPI: kolo-run (or torchrun)
+//! # sets the variables by which the processes meet:
+//! cargo build --release -p kolo --features ucx --example train
+//! cargo build --release -p kolo-run
+//! target/release/kolo-run -n 4 --master-port 0 target/release/examples/train --backend ucx
 //! ```
 //!
 //! Under MPI a rank whose training panics or fails calls `Kolo::abort`,
@@ -305,7 +311,7 @@ struct Args {
     epochs: usize,
 }
 
-const USAGE: &str = "usage: train [--backend threads|mpi|nccl] [--ranks N] [--epochs E]";
+const USAGE: &str = "usage: train [--backend threads|mpi|ucx|nccl] [--ranks N] [--epochs E]";
 
 /// `--backend B --ranks N --epochs E`.
 fn parse_args() -> Result<Args, String> {
@@ -361,6 +367,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     match args.backend.unwrap_or(config.backend) {
         BackendKind::Threads => run_threads(config, args.ranks.unwrap_or(4), args.epochs),
         BackendKind::Mpi => run_mpi(config, args.epochs),
+        BackendKind::Ucx => run_ucx(config, args.epochs),
     }
 }
 
@@ -478,5 +485,34 @@ fn run_mpi(_config: kolo::Config, _epochs: usize) -> Result<(), Box<dyn std::err
     Err("this example was built without MPI; build it with \
          `cargo build --release -p kolo --features mpi --example train` \
          and run `mpirun -np 4 target/release/examples/train --backend mpi`"
+        .into())
+}
+
+/// This process is one rank of a job started by kolo-run (or any launcher
+/// that sets torchrun's variables), over UCX. A rank that fails returns
+/// an error; its peers' collectives then fail naming it, and kolo-run
+/// stops the job.
+#[cfg(feature = "ucx")]
+fn run_ucx(config: kolo::Config, epochs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let kolo = Kolo::init_ucx(config)?;
+    let start = Instant::now();
+    // `train` checks that every rank's parameters are identical.
+    train(&kolo, epochs, &mut HostReducer)?;
+    kolo.shutdown()?;
+    if kolo.rank() == 0 {
+        println!(
+            "all {} ranks (UCX processes) hold bitwise identical parameters; {:.2} s",
+            kolo.size(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "ucx"))]
+fn run_ucx(_config: kolo::Config, _epochs: usize) -> Result<(), Box<dyn std::error::Error>> {
+    Err("this example was built without UCX; build it with \
+         `cargo build --release -p kolo --features ucx --example train` \
+         and run it under kolo-run: `kolo-run -n 4 target/release/examples/train --backend ucx`"
         .into())
 }

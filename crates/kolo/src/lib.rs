@@ -62,6 +62,8 @@ mod split;
 mod stats;
 mod tensor;
 pub mod threads;
+#[cfg(feature = "ucx")]
+mod ucx;
 
 pub use config::{BackendKind, Config, LogLevel};
 pub use error::Error;

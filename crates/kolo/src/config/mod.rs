@@ -381,17 +381,21 @@ pub enum BackendKind {
     Threads,
     /// One process per rank over MPI (the `kolo-mpi` backend).
     Mpi,
+    /// One process per rank over UCX (the `kolo-ucx` backend), started by
+    /// any launcher that sets torchrun's variables.
+    Ucx,
 }
 
 impl FromStr for BackendKind {
     type Err = String;
 
-    /// `threads` or `mpi`, case-insensitive.
+    /// `threads`, `mpi` or `ucx`, case-insensitive.
     fn from_str(text: &str) -> Result<Self, String> {
         match text.trim().to_ascii_lowercase().as_str() {
             "threads" => Ok(BackendKind::Threads),
             "mpi" => Ok(BackendKind::Mpi),
-            _ => Err("expected threads or mpi".into()),
+            "ucx" => Ok(BackendKind::Ucx),
+            _ => Err("expected threads, mpi or ucx".into()),
         }
     }
 }
@@ -401,6 +405,7 @@ impl fmt::Display for BackendKind {
         f.write_str(match self {
             BackendKind::Threads => "threads",
             BackendKind::Mpi => "mpi",
+            BackendKind::Ucx => "ucx",
         })
     }
 }

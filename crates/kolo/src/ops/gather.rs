@@ -107,6 +107,8 @@ impl<'scope> Scope<'scope, '_> {
         input: Placed<'scope, T>,
         splits: &[usize],
     ) -> Result<Handle<'scope, O>, Error> {
+        // Without the `nccl` feature, host memory is the only kind.
+        #[cfg_attr(not(feature = "nccl"), allow(clippy::infallible_destructuring_match))]
         let input = match input {
             Placed::Host(input) => input,
             #[cfg(feature = "nccl")]

@@ -1,0 +1,134 @@
+//! The engine suite (`tests/engine-suite`, the cases the threads and MPI
+//! backends run) over UCX: separate processes that meet through
+//! kolo-rendezvous, as kolo-run starts them, each with its own engine
+//! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
+//! shared memory and at 2 over TCP, and the submission-order jobs at 2.
+//!
+//! `cargo test` runs this binary directly (`harness = false`); it starts
+//! each job's ranks as copies of itself, which print a `kolo-case` line
+//! per case, and judges every case of every job, libtest style.
+
+use kolo::{Config, Kolo};
+use kolo_engine_suite::{judge, run_rank, CaseLine, Job};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// How long one job may take (4 processes share CI's 2 cores).
+const JOB_BOUND: Duration = Duration::from_secs(300);
+
+/// kolo-fusion packs fused allreduces over UCX (no allreduce over
+/// segments in place).
+const PACKS: bool = true;
+
+/// Every job, with the transports it runs over.
+fn jobs() -> Vec<(Job, &'static str)> {
+    let mut jobs: Vec<(Job, &str)> = [2, 3, 4]
+        .into_iter()
+        .map(|np| (Job::main(np, &[]), "sm,self"))
+        .collect();
+    let mut tcp = Job::main(2, &[]);
+    tcp.name = "main_np2_tcp".into();
+    jobs.push((tcp, "tcp,self"));
+    jobs.extend(
+        kolo_engine_suite::order_jobs(&[2])
+            .into_iter()
+            .map(|job| (job, "sm,self")),
+    );
+    jobs
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
+    if let (Some(job), Some(dir)) = (arg("--job"), arg("--dir")) {
+        return rank_main(&job, Path::new(&dir));
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut failed = Vec::new();
+    let mut passed = 0;
+    for (job, tls) in jobs() {
+        let dir_arg = dir.path().display().to_string();
+        let env = [
+            ("UCX_TLS", tls),
+            ("KOLO_CYCLE_TIME", "1"),
+            ("KOLO_RENDEZVOUS_TIMEOUT", "60"),
+        ];
+        let ranks = match kolo_run::run_captured(
+            job.ranks,
+            &exe,
+            &["--job", &job.name, "--dir", &dir_arg],
+            &env,
+            JOB_BOUND,
+        ) {
+            Ok(ranks) => ranks,
+            Err(why) => {
+                println!("test {}::start ... FAILED\n{why}", job.name);
+                failed.push(job.name.clone());
+                continue;
+            }
+        };
+        let lines: Vec<CaseLine> = ranks
+            .iter()
+            .flat_map(|r| r.stdout.lines().filter_map(CaseLine::parse))
+            .collect();
+        for verdict in judge(&job, &lines, dir.path(), PACKS) {
+            match verdict.failure {
+                None => {
+                    passed += 1;
+                    println!("test {} ... ok", verdict.name);
+                }
+                Some(why) => {
+                    println!("test {} ... FAILED\n{why}", verdict.name);
+                    failed.push(verdict.name);
+                }
+            }
+        }
+        for rank in ranks.iter().filter(|r| !r.succeeded()) {
+            println!(
+                "test {}::rank{}_exits_0 ... FAILED ({:?})\n{}",
+                job.name, rank.rank, rank.status, rank.stderr
+            );
+            failed.push(format!("{}::rank{}", job.name, rank.rank));
+        }
+    }
+    if failed.is_empty() {
+        println!("test result: ok. {passed} passed; 0 failed");
+        ExitCode::SUCCESS
+    } else {
+        println!("test result: FAILED. {passed} passed; failed: {failed:?}");
+        ExitCode::FAILURE
+    }
+}
+
+/// One rank of `name`: its engine over UCX, every case, a line each.
+fn rank_main(name: &str, dir: &Path) -> ExitCode {
+    let Some((job, _)) = jobs().into_iter().find(|(j, _)| j.name == name) else {
+        eprintln!("no job {name}");
+        return ExitCode::FAILURE;
+    };
+    let config = match Config::from_env() {
+        Ok(config) => job.configure(config, dir),
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let kolo = match Kolo::init_ucx(config) {
+        Ok(kolo) => kolo,
+        Err(e) => {
+            eprintln!("Kolo::init_ucx: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = run_rank(&kolo, &job.cases, &mut |line| println!("{line}"));
+    drop(kolo);
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(why) => {
+            eprintln!("{why}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -109,13 +109,21 @@ impl UcxComm {
         Ok(())
     }
 
-    /// The error of a wait on `peer` that failed.
+    /// The error of a wait on `peer` that failed. A peer failure names the
+    /// rank that failed first (whose loss broke the collective), which may
+    /// not be the one this rank was waiting for.
     fn failed(&self, peer: usize, what: &str, e: WaitError) -> TransportError {
         match e {
-            WaitError::PeerFailed(cause) => TransportError::PeerFailed {
-                rank: peer,
-                message: format!("{what}: UCX reported {cause}"),
-            },
+            WaitError::PeerFailed(cause) => {
+                let lost = (0..self.size)
+                    .filter_map(|r| self.peers[r].failed_at().map(|at| (at, r)))
+                    .min()
+                    .map_or(peer, |(_, r)| r);
+                TransportError::PeerFailed {
+                    rank: lost,
+                    message: format!("{what} with rank {peer}: UCX reported {cause}"),
+                }
+            }
             WaitError::Ucs(cause) => TransportError::Backend(format!("{what}: {cause}")),
             WaitError::TimedOut => TransportError::Timeout(format!("{what} with rank {peer}")),
         }
@@ -166,14 +174,14 @@ impl UcxComm {
     /// Receives into `bytes` exactly its length from `peer` with `tag`.
     fn recv_bytes(&mut self, bytes: &mut [u8], peer: usize, tag: u64, what: &str) -> Result<()> {
         let mut requests = [self.start_recv(bytes, tag)?];
-        wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+        wait_all(&mut self.worker, &mut requests, &self.peers, None)
             .map_err(|e| self.failed(peer, what, e))?;
         check_length(requests[0].received, bytes.len(), peer, what)
     }
 
     fn send_bytes(&mut self, bytes: &[u8], peer: usize, tag: u64, what: &str) -> Result<()> {
         let mut requests = [self.start_send(bytes, peer, tag)?];
-        wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+        wait_all(&mut self.worker, &mut requests, &self.peers, None)
             .map_err(|e| self.failed(peer, what, e))
     }
 
@@ -199,11 +207,11 @@ impl UcxComm {
                     unsafe { result::tag_msg_recv(self.worker.raw(), ptr, len, message, &params) }
                         .map_err(|e| TransportError::Backend(e.to_string()))?;
                 let mut requests = [InFlight::new(started, true, len, "ucp_tag_msg_recv_nbx")];
-                wait_all(&mut self.worker, &mut requests, &[&self.peers[peer]], None)
+                wait_all(&mut self.worker, &mut requests, &self.peers, None)
                     .map_err(|e| self.failed(peer, what, e))?;
                 return Ok(bytes);
             }
-            if let Some(cause) = self.peers[peer].failure() {
+            if let Some(cause) = self.peers.iter().find_map(|p| p.failure()) {
                 return Err(self.failed(peer, what, WaitError::PeerFailed(cause)));
             }
             if self.worker.progress() == 0 {
@@ -322,16 +330,8 @@ impl Collectives for UcxComm {
                 }
             };
         let mut requests = [receive, send];
-        let states = [&*self.peers[src], &*self.peers[dst]];
-        let waited = wait_all(&mut self.worker, &mut requests, &states, None);
-        waited.map_err(|e| {
-            let peer = if self.peers[src].failure().is_some() {
-                src
-            } else {
-                dst
-            };
-            self.failed(peer, "an exchange", e)
-        })?;
+        wait_all(&mut self.worker, &mut requests, &self.peers, None)
+            .map_err(|e| self.failed(src, "an exchange", e))?;
         check_length(requests[0].received, want, src, "an exchange")
     }
 }
@@ -367,14 +367,8 @@ impl Controller for UcxComm {
                 requests.push(self.start_send(msg, peer, t)?);
                 peers.push(peer);
             }
-            let states: Vec<&PeerState> = peers.iter().map(|&p| &*self.peers[p]).collect();
-            let waited = wait_all(&mut self.worker, &mut requests, &states, None);
-            waited.map_err(|e| {
-                let peer = peers
-                    .iter()
-                    .copied()
-                    .find(|&p| self.peers[p].failure().is_some())
-                    .unwrap_or(root);
+            wait_all(&mut self.worker, &mut requests, &self.peers, None).map_err(|e| {
+                let peer = peers.first().copied().unwrap_or(root);
                 self.failed(peer, "a control broadcast", e)
             })?;
             return Ok(msg.to_vec());

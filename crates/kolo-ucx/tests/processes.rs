@@ -19,7 +19,12 @@ const JOB_BOUND: Duration = Duration::from_secs(300);
 
 fn main() -> ExitCode {
     if std::env::var_os("RANK").is_some() {
-        return match rank_main() {
+        let fault = std::env::args().any(|a| a == "--killed");
+        return match if fault {
+            killed_rank_main()
+        } else {
+            rank_main()
+        } {
             Ok(()) => ExitCode::SUCCESS,
             Err(why) => {
                 eprintln!("FAILED: {why}");
@@ -41,8 +46,19 @@ fn main() -> ExitCode {
             }
         }
     }
+    let job = "ucx_rank_killed_mid_collective_tcp_np3";
+    match killed_job(&exe) {
+        Ok(()) => println!("test {job} ... ok"),
+        Err(why) => {
+            println!("test {job} ... FAILED\n{why}");
+            failed.push(job.to_owned());
+        }
+    }
     if failed.is_empty() {
-        println!("test result: ok. {} passed; 0 failed", TRANSPORTS.len() * 3);
+        println!(
+            "test result: ok. {} passed; 0 failed",
+            TRANSPORTS.len() * 3 + 1
+        );
         ExitCode::SUCCESS
     } else {
         println!("test result: FAILED. failed: {failed:?}");
@@ -70,6 +86,72 @@ fn run_job(exe: &std::path::Path, np: usize, tls: &str) -> Result<(), String> {
     } else {
         Err(report)
     }
+}
+
+/// How long the survivors may take to fail once a rank died.
+const DETECTION_BOUND: Duration = Duration::from_secs(30);
+
+/// Three ranks over TCP: rank 1 is killed (SIGKILL) in the middle of a
+/// run of allreduces; ranks 0 and 2 must fail, naming rank 1, within
+/// [`DETECTION_BOUND`], without a hang or a panic.
+fn killed_job(exe: &std::path::Path) -> Result<(), String> {
+    let env = [("UCX_TLS", "tcp,self"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+    let ranks = kolo_run::run_captured(3, exe, &["--killed"], &env, JOB_BOUND)?;
+    use std::os::unix::process::ExitStatusExt;
+    let mut report = String::new();
+    for r in &ranks {
+        let ok = match r.rank {
+            1 => r.status.and_then(|s| s.signal()) == Some(9),
+            _ => r.succeeded() && r.stdout.contains("failed naming rank 1"),
+        };
+        if !ok {
+            report.push_str(&format!(
+                "rank {} ended with {:?}:\n{}{}\n",
+                r.rank, r.status, r.stdout, r.stderr
+            ));
+        }
+    }
+    if report.is_empty() {
+        Ok(())
+    } else {
+        Err(report)
+    }
+}
+
+/// A rank of [`killed_job`]: allreduces of 1 MiB until rank 1 kills itself
+/// (after 20); the others report how their allreduce failed.
+fn killed_rank_main() -> Result<(), String> {
+    use kolo_transport::{Collectives, Scale, TransportError};
+    let mut comm = UcxComm::from_env().map_err(|e| format!("joining: {e}"))?;
+    let rank = comm.rank();
+    let mut buf = vec![1.0f32; 1 << 18];
+    let mut died_at = None;
+    for step in 0..100_000 {
+        if rank == 1 && step == 20 {
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid])
+                .status();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        let started = std::time::Instant::now();
+        match comm.allreduce(&mut buf[..], kolo_protocol::ReduceOp::Max, Scale::NONE) {
+            Ok(()) => {}
+            Err(TransportError::PeerFailed { rank: 1, message }) => {
+                died_at = Some((step, started.elapsed(), message));
+                break;
+            }
+            Err(other) => return Err(format!("step {step}: expected rank 1's loss, got {other}")),
+        }
+    }
+    let Some((step, waited, message)) = died_at else {
+        return Err("no step failed".into());
+    };
+    if waited > DETECTION_BOUND {
+        return Err(format!("the loss took {waited:?} to notice"));
+    }
+    println!("rank {rank}: step {step} failed naming rank 1 after {waited:?}: {message}");
+    Ok(())
 }
 
 /// One rank: the suite (the quick subset beyond 2 processes, which

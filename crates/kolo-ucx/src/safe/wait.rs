@@ -9,6 +9,7 @@
 use crate::result::{self, Started, UcsError};
 use crate::safe::worker::{PeerState, Worker};
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Idle polls before a wait starts yielding the CPU.
@@ -105,25 +106,27 @@ impl InFlight {
 }
 
 /// Waits until every one of `requests` completed, progressing `worker`:
-/// the first failure cancels the others. `peers[i]` is the state of the
-/// endpoint request i depends on; `deadline` bounds the wait.
+/// the first failure cancels the others. A failure of any of `peers` (the
+/// communicator's) ends the wait too: no collective can complete without
+/// every rank, and a receive from a live peer that itself waits for the
+/// dead one would wait forever. `deadline` bounds the wait.
 pub fn wait_all(
     worker: &mut Worker,
     requests: &mut [InFlight],
-    peers: &[&PeerState],
+    peers: &[Arc<PeerState>],
     deadline: Option<Instant>,
 ) -> Result<(), WaitError> {
     let mut idle = 0u32;
     loop {
         let events = worker.progress();
         let mut pending = false;
-        for (i, request) in requests.iter_mut().enumerate() {
+        for request in requests.iter_mut() {
             match request.poll() {
                 Ok(true) => {}
                 Ok(false) => pending = true,
                 Err(e) => {
                     cancel_all(worker, requests);
-                    let peer_failed = peers.get(i).and_then(|p| p.failure()).is_some();
+                    let peer_failed = peers.iter().any(|p| p.failure().is_some());
                     return Err(if e.is_peer_failure() || peer_failed {
                         WaitError::PeerFailed(e)
                     } else {

@@ -7,7 +7,7 @@ use crate::result::{self, Started, UcsError};
 use crate::sys;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,14 +86,27 @@ impl Drop for Worker {
     }
 }
 
+/// The order in which peers failed (their error handlers ran), across
+/// every endpoint of the process.
+static FAILURES: AtomicU64 = AtomicU64::new(0);
+
 /// What the error handler of an endpoint records.
 #[derive(Debug, Default)]
 pub struct PeerState {
     failed: AtomicBool,
     status: AtomicI32,
+    /// Its place in [`FAILURES`]' order (valid once `failed`).
+    order: AtomicU64,
 }
 
 impl PeerState {
+    /// When it failed, relative to other peers (smaller: earlier).
+    pub fn failed_at(&self) -> Option<u64> {
+        self.failed
+            .load(Ordering::Acquire)
+            .then(|| self.order.load(Ordering::Acquire))
+    }
+
     /// The failure UCX reported on the endpoint, if any.
     pub fn failure(&self) -> Option<UcsError> {
         self.failed.load(Ordering::Acquire).then(|| {
@@ -114,6 +127,9 @@ unsafe extern "C" fn on_peer_error(
     // keeps alive until after it closed.
     let state = unsafe { &*arg.cast::<PeerState>() };
     state.status.store(status as i32, Ordering::Release);
+    state
+        .order
+        .store(FAILURES.fetch_add(1, Ordering::AcqRel), Ordering::Release);
     state.failed.store(true, Ordering::Release);
 }
 

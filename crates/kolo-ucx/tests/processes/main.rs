@@ -5,6 +5,8 @@
 //! per rank with torchrun's variables (as `kolo-run` sets them), and each
 //! rank runs the suite and its control plane checks.
 
+mod namespaces;
+
 use kolo_conformance::{random_cases, run_random_cases, run_suite, RandomOp, SuiteOptions};
 use kolo_transport::{BitOp, Controller, Topology};
 use kolo_ucx::UcxComm;
@@ -15,7 +17,7 @@ use std::time::Duration;
 /// transport of a rank's messages to itself).
 const TRANSPORTS: [(&str, &str); 2] = [("sm", "sm,self"), ("tcp", "tcp,self")];
 /// How long one job may take.
-const JOB_BOUND: Duration = Duration::from_secs(300);
+pub(crate) const JOB_BOUND: Duration = Duration::from_secs(300);
 
 fn main() -> ExitCode {
     if std::env::var_os("RANK").is_some() {
@@ -46,6 +48,14 @@ fn main() -> ExitCode {
             }
         }
     }
+    let job = "ucx_conformance_two_namespaces_tcp_np4";
+    match namespaces::job(&exe) {
+        Ok(()) => println!("test {job} ... ok"),
+        Err(why) => {
+            println!("test {job} ... FAILED\n{why}");
+            failed.push(job.to_owned());
+        }
+    }
     let job = "ucx_rank_killed_mid_collective_tcp_np3";
     match killed_job(&exe) {
         Ok(()) => println!("test {job} ... ok"),
@@ -57,7 +67,7 @@ fn main() -> ExitCode {
     if failed.is_empty() {
         println!(
             "test result: ok. {} passed; 0 failed",
-            TRANSPORTS.len() * 3 + 1
+            TRANSPORTS.len() * 3 + 2
         );
         ExitCode::SUCCESS
     } else {

@@ -56,6 +56,13 @@ pub enum BenchError {
          `mpirun -np 4 target/release/kolo-bench --backend mpi ...`"
     )]
     MpiNotBuilt,
+    /// `--backend ucx` on a build without the `ucx` feature.
+    #[error(
+        "this kolo-bench was built without UCX: build it with \
+         `cargo build --release -p kolo-bench --features ucx`, then run \
+         `kolo-run -n 4 target/release/kolo-bench --backend ucx ...`"
+    )]
+    UcxNotBuilt,
     /// The ranks were started with different settings (under `mpirun`,
     /// different arguments per rank): the first setting that differs,
     /// rank 0's value and the first rank with another.

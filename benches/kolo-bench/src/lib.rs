@@ -98,6 +98,7 @@ pub fn run(args: &Args, reporter: &Reporter) -> Result<Vec<Row>, BenchError> {
             finish(&json, reporter, rows)
         }
         BackendKind::Mpi => run_mpi(args, proposal, json, reporter),
+        BackendKind::Ucx => run_ucx(args, proposal, json, reporter),
     }
 }
 
@@ -149,6 +150,21 @@ fn run_mpi(
 #[cfg(not(feature = "mpi"))]
 fn run_mpi(_: &Args, _: Proposal, _: JsonFile, _: &Reporter) -> Result<Vec<Row>, BenchError> {
     Err(BenchError::MpiNotBuilt)
+}
+
+#[cfg(feature = "ucx")]
+fn run_ucx(
+    args: &Args,
+    proposal: Proposal,
+    json: JsonFile,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    launcher::ucx::run(args, proposal, json, reporter)
+}
+
+#[cfg(not(feature = "ucx"))]
+fn run_ucx(_: &Args, _: Proposal, _: JsonFile, _: &Reporter) -> Result<Vec<Row>, BenchError> {
+    Err(BenchError::UcxNotBuilt)
 }
 
 /// Rank 0's end of a run: the footer, the same-run comparison (when rows

@@ -5,7 +5,7 @@
 //! algorithms, and probed variable-size messages for the control plane.
 
 use crate::result::{self, UcsError};
-use crate::safe::wait::{wait_all, InFlight, WaitError};
+use crate::safe::wait::{wait_all, InFlight, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
 use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
@@ -55,6 +55,9 @@ pub struct UcxComm {
     endpoints: Vec<Endpoint>,
     /// What each endpoint's error handler records, by rank.
     peers: Vec<Arc<PeerState>>,
+    /// Idle polls of a wait before it yields the CPU (see
+    /// [`crate::safe::wait::SPIN_POLLS`]).
+    spin_polls: u32,
     worker: Worker,
 }
 
@@ -80,6 +83,12 @@ impl UcxComm {
         let addresses = rendezvous.allgather("ucx/address", &worker.address()?)?;
         let endpoints = connect_all(&worker, &addresses)?;
         let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin_polls = if rendezvous.local_world_size() > cores {
+            0
+        } else {
+            SPIN_POLLS
+        };
         let mut comm = UcxComm {
             rank: rendezvous.rank(),
             size,
@@ -87,6 +96,7 @@ impl UcxComm {
             local_size: rendezvous.local_world_size(),
             endpoints,
             peers,
+            spin_polls,
             worker,
         };
         // Wires every endpoint up before anyone leaves the rendezvous.
@@ -174,15 +184,27 @@ impl UcxComm {
     /// Receives into `bytes` exactly its length from `peer` with `tag`.
     fn recv_bytes(&mut self, bytes: &mut [u8], peer: usize, tag: u64, what: &str) -> Result<()> {
         let mut requests = [self.start_recv(bytes, tag)?];
-        wait_all(&mut self.worker, &mut requests, &self.peers, None)
-            .map_err(|e| self.failed(peer, what, e))?;
+        wait_all(
+            &mut self.worker,
+            &mut requests,
+            &self.peers,
+            None,
+            self.spin_polls,
+        )
+        .map_err(|e| self.failed(peer, what, e))?;
         check_length(requests[0].received, bytes.len(), peer, what)
     }
 
     fn send_bytes(&mut self, bytes: &[u8], peer: usize, tag: u64, what: &str) -> Result<()> {
         let mut requests = [self.start_send(bytes, peer, tag)?];
-        wait_all(&mut self.worker, &mut requests, &self.peers, None)
-            .map_err(|e| self.failed(peer, what, e))
+        wait_all(
+            &mut self.worker,
+            &mut requests,
+            &self.peers,
+            None,
+            self.spin_polls,
+        )
+        .map_err(|e| self.failed(peer, what, e))
     }
 
     /// Receives a control message of any length from `peer`.
@@ -207,8 +229,14 @@ impl UcxComm {
                     unsafe { result::tag_msg_recv(self.worker.raw(), ptr, len, message, &params) }
                         .map_err(|e| TransportError::Backend(e.to_string()))?;
                 let mut requests = [InFlight::new(started, true, len, "ucp_tag_msg_recv_nbx")];
-                wait_all(&mut self.worker, &mut requests, &self.peers, None)
-                    .map_err(|e| self.failed(peer, what, e))?;
+                wait_all(
+                    &mut self.worker,
+                    &mut requests,
+                    &self.peers,
+                    None,
+                    self.spin_polls,
+                )
+                .map_err(|e| self.failed(peer, what, e))?;
                 return Ok(bytes);
             }
             if let Some(cause) = self.peers.iter().find_map(|p| p.failure()) {
@@ -325,13 +353,19 @@ impl Collectives for UcxComm {
                 Ok(send) => send,
                 Err(e) => {
                     let mut pending = [receive];
-                    let _ = wait_all(&mut self.worker, &mut pending, &[], Some(Instant::now()));
+                    let _ = wait_all(&mut self.worker, &mut pending, &[], Some(Instant::now()), 0);
                     return Err(e);
                 }
             };
         let mut requests = [receive, send];
-        wait_all(&mut self.worker, &mut requests, &self.peers, None)
-            .map_err(|e| self.failed(src, "an exchange", e))?;
+        wait_all(
+            &mut self.worker,
+            &mut requests,
+            &self.peers,
+            None,
+            self.spin_polls,
+        )
+        .map_err(|e| self.failed(src, "an exchange", e))?;
         check_length(requests[0].received, want, src, "an exchange")
     }
 }
@@ -367,7 +401,14 @@ impl Controller for UcxComm {
                 requests.push(self.start_send(msg, peer, t)?);
                 peers.push(peer);
             }
-            wait_all(&mut self.worker, &mut requests, &self.peers, None).map_err(|e| {
+            wait_all(
+                &mut self.worker,
+                &mut requests,
+                &self.peers,
+                None,
+                self.spin_polls,
+            )
+            .map_err(|e| {
                 let peer = peers.first().copied().unwrap_or(root);
                 self.failed(peer, "a control broadcast", e)
             })?;

@@ -10,6 +10,8 @@
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod threads;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 #[cfg(feature = "mpi")]
 pub use mpi::MpiLauncher;
@@ -17,6 +19,15 @@ pub use threads::ThreadsLauncher;
 
 use crate::error::BenchError;
 use kolo_transport::Backend;
+#[cfg(any(feature = "mpi", feature = "ucx"))]
+use {
+    crate::engine::{engine_plan, run_rank, EngineOptions},
+    crate::json_file::JsonFile,
+    crate::plan::Plan,
+    crate::report::Reporter,
+    crate::row::{Row, RunInfo},
+    kolo::Kolo,
+};
 
 /// The work every rank does. `run` is called once per hosted rank, each on
 /// its own communicator, all concurrently.
@@ -49,6 +60,9 @@ pub enum BackendKind {
     Threads,
     /// One process per rank under `mpirun` (kolo-mpi; the `mpi` feature).
     Mpi,
+    /// One process per rank started by `kolo-run` (or any launcher that
+    /// sets torchrun's variables), over UCX (kolo-ucx; the `ucx` feature).
+    Ucx,
 }
 
 impl BackendKind {
@@ -57,6 +71,53 @@ impl BackendKind {
         match self {
             BackendKind::Threads => "threads",
             BackendKind::Mpi => "mpi",
+            BackendKind::Ucx => "ucx",
         }
+    }
+}
+
+/// The engine sweep on `kolo` (one process per rank), then a shutdown. A
+/// failure on this rank aborts it (under MPI an `MPI_Abort` naming the
+/// rank; elsewhere its peers fail naming it).
+#[cfg(any(feature = "mpi", feature = "ucx"))]
+fn engine_sweep(
+    kolo: &Kolo,
+    plan: &Plan,
+    options: &EngineOptions,
+    info: &RunInfo,
+    reporter: &Reporter,
+) -> Result<Vec<Row>, BenchError> {
+    let result = engine_plan(plan, options, reporter)
+        .and_then(|plan| run_rank(kolo, &plan, options, info, reporter));
+    match result {
+        Ok(rows) => {
+            kolo.shutdown().map_err(|source| BenchError::Engine {
+                op: "shutdown",
+                bytes: 0,
+                rank: kolo.rank(),
+                source,
+            })?;
+            Ok(rows)
+        }
+        Err(e) => {
+            kolo.abort(&format!("kolo-bench: {e}"));
+            Err(e)
+        }
+    }
+}
+
+/// Rank 0 ends the run (footer, comparison, JSON); the others return no
+/// rows.
+#[cfg(any(feature = "mpi", feature = "ucx"))]
+fn root_finish(
+    rank: usize,
+    json: &JsonFile,
+    reporter: &Reporter,
+    rows: Vec<Row>,
+) -> Result<Vec<Row>, BenchError> {
+    if rank == 0 {
+        crate::finish(json, reporter, rows)
+    } else {
+        Ok(Vec::new())
     }
 }

@@ -9,15 +9,13 @@
 //! during the sweep ends the whole job (`MPI_Abort`, naming the rank),
 //! since its peers would otherwise wait for it forever.
 
-use super::{Launcher, RankJob};
+use super::{engine_sweep, root_finish, Launcher, RankJob};
 use crate::agreement::exchange::{agree, Proposal};
 use crate::baseline::MpiAllreduce;
 use crate::cli::Args;
 use crate::direct::DirectJob;
-use crate::engine::{engine_plan, run_rank, EngineOptions};
 use crate::error::BenchError;
 use crate::json_file::JsonFile;
-use crate::plan::Plan;
 use crate::report::Reporter;
 use crate::row::{Mode, Row, RunInfo};
 use kolo::Kolo;
@@ -234,47 +232,4 @@ fn run_engine(
     };
     let rows = engine_sweep(&kolo, &proposal.plan, &options, &info, reporter)?;
     root_finish(rank, &json, reporter, rows)
-}
-
-/// The engine sweep on `kolo`, then a shutdown. A failure on this rank
-/// ends the job (`Kolo::abort`, an `MPI_Abort` naming the rank).
-fn engine_sweep(
-    kolo: &Kolo,
-    plan: &Plan,
-    options: &EngineOptions,
-    info: &RunInfo,
-    reporter: &Reporter,
-) -> Result<Vec<Row>, BenchError> {
-    let result = engine_plan(plan, options, reporter)
-        .and_then(|plan| run_rank(kolo, &plan, options, info, reporter));
-    match result {
-        Ok(rows) => {
-            kolo.shutdown().map_err(|source| BenchError::Engine {
-                op: "shutdown",
-                bytes: 0,
-                rank: kolo.rank(),
-                source,
-            })?;
-            Ok(rows)
-        }
-        Err(e) => {
-            kolo.abort(&format!("kolo-bench: {e}"));
-            Err(e)
-        }
-    }
-}
-
-/// Rank 0 ends the run (footer, comparison, JSON); the others return no
-/// rows.
-fn root_finish(
-    rank: usize,
-    json: &JsonFile,
-    reporter: &Reporter,
-    rows: Vec<Row>,
-) -> Result<Vec<Row>, BenchError> {
-    if rank == 0 {
-        crate::finish(json, reporter, rows)
-    } else {
-        Ok(Vec::new())
-    }
 }

@@ -12,8 +12,11 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Idle polls before a wait starts yielding the CPU.
-const SPIN_POLLS: u32 = 256;
+/// Idle polls before a wait starts yielding the CPU, where every process
+/// of the host has a core of its own; where they share cores, a wait
+/// yields at once, or the spinning ranks keep the one they wait for off
+/// the CPU.
+pub const SPIN_POLLS: u32 = 256;
 /// How long a cancelled request may take to complete.
 const CANCEL_BOUND: Duration = Duration::from_secs(5);
 
@@ -115,6 +118,7 @@ pub fn wait_all(
     requests: &mut [InFlight],
     peers: &[Arc<PeerState>],
     deadline: Option<Instant>,
+    spin_polls: u32,
 ) -> Result<(), WaitError> {
     let mut idle = 0u32;
     loop {
@@ -148,7 +152,7 @@ pub fn wait_all(
         }
         if events == 0 {
             idle += 1;
-            if idle > SPIN_POLLS {
+            if idle > spin_polls {
                 std::thread::yield_now();
             }
         } else {

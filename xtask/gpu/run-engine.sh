@@ -2,7 +2,8 @@
 # Runs kolo's GPU engine checks (the `gpu_engine` test binary that
 # `cargo xtask test-gpu` puts in gpu-dist/, with this script from
 # xtask/gpu/) on 1 and 2 GPUs, thread per GPU,
-# and on 2 GPUs one process per GPU under mpirun (Kolo::init_nccl_mpi).
+# on 2 GPUs one process per GPU under mpirun (Kolo::init_nccl_mpi), and
+# one process per GPU under kolo-run (Kolo::init_nccl_ucx) on 1 and 2.
 # Logs go to ${OUT:-./gpu-out}; the exit status is 0 only if every run
 # passed (or was skipped for lack of GPUs).
 #
@@ -32,6 +33,14 @@ if command -v "${MPIRUN[0]}" >/dev/null 2>&1 && [ "$gpus" -ge 2 ]; then
   run engine-mpi "${MPIRUN[@]}" -np 2 ./gpu_engine
 else
   echo "skipped: engine-mpi needs mpirun and 2 GPUs"
+fi
+# One process per GPU started by kolo-run (Kolo::init_nccl_ucx: NCCL
+# bootstrapped through the rendezvous store, no MPI), on 1 GPU and on 2.
+run engine-store-1gpu ./kolo-run -n 1 --master-port 0 ./gpu_engine_ucx
+if [ "$gpus" -ge 2 ]; then
+  run engine-store-2gpu ./kolo-run -n 2 --master-port 0 ./gpu_engine_ucx
+else
+  echo "skipped: engine-store-2gpu needs 2 GPUs"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   run engine-bench ./gpu_engine --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench

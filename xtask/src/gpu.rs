@@ -7,8 +7,9 @@ use std::process::Command;
 
 /// `cargo xtask test-gpu`: builds the GPU test binaries (kolo-nccl's,
 /// the conformance suite on device memory among them, kolo-pipeline's,
-/// kolo's GPU engine checks), kolo-nccl's `nccl_bench` and
-/// kolo-bench in release mode into `gpu-dist/` (debuginfo stripped) with
+/// kolo's GPU engine checks, again with UCX for one process per GPU under
+/// kolo-run), kolo-nccl's `nccl_bench`, `kolo-run` and kolo-bench in
+/// release mode into `gpu-dist/` (debuginfo stripped) with
 /// every file of `xtask/gpu/` (`run.sh`, `run-engine.sh`,
 /// `run-pipeline.sh` and `gpu-env.sh`, the prelude the three source); runs
 /// them when `nvidia-smi` works here, otherwise says how to run the folder
@@ -87,6 +88,42 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
             .into_iter()
             .filter(|(name, _)| name == "gpu_engine"),
     );
+    // The same checks with one process per GPU started by kolo-run
+    // (`Kolo::init_nccl_ucx`, NCCL bootstrapped through the rendezvous
+    // store): a binary of its own, so that a GPU host without UCX still
+    // runs the others.
+    let store = build(&[
+        "test",
+        "--release",
+        "-p",
+        "kolo",
+        "--features",
+        "nccl,mpi,ucx",
+        "--test",
+        "gpu_engine",
+        "--no-run",
+        "--message-format=json",
+    ])?;
+    wanted.extend(
+        artifacts(&store)
+            .into_iter()
+            .filter(|(name, _)| name == "gpu_engine")
+            .map(|(_, exe)| ("gpu_engine_ucx".to_string(), exe)),
+    );
+    let launcher = build(&[
+        "build",
+        "--release",
+        "-p",
+        "kolo-run",
+        "--bin",
+        "kolo-run",
+        "--message-format=json",
+    ])?;
+    wanted.extend(
+        artifacts(&launcher)
+            .into_iter()
+            .filter(|(name, _)| name == "kolo-run"),
+    );
     // kolo-nccl's timings (a bench target, built like the tests).
     let bench = build(&[
         "test",
@@ -103,7 +140,7 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
             .into_iter()
             .filter(|(name, _)| name == "nccl_bench"),
     );
-    for needed in ["gpu_engine", "nccl_bench"] {
+    for needed in ["gpu_engine", "gpu_engine_ucx", "kolo-run", "nccl_bench"] {
         if !wanted.iter().any(|(name, _)| name == needed) {
             bail!("cargo built no {needed} executable");
         }

@@ -19,16 +19,27 @@
 //! once at the end, which is what the two replicas' allreduce computes
 //! (a sum of two numbers does not depend on their order).
 //!
-//! Run with `cargo run -p kolo-pipeline --example pipeline`.
+//! Run with `cargo run -p kolo-pipeline --example pipeline`: the four
+//! ranks as threads. Started as four processes by `kolo-run` (or any
+//! launcher that sets torchrun's variables), each process is one rank,
+//! its channels UCX connections made through kolo-rendezvous, and each
+//! checks its own stage against the sequential run:
+//!
+//! ```text
+//! cargo build -p kolo-pipeline --example pipeline
+//! cargo run -p kolo-run -- -n 4 target/debug/examples/pipeline
+//! ```
 
 use kolo_pipeline::schedule::{local_minibatches, one_f_one_b, Pass};
 use kolo_pipeline::{
-    pair_channels, Direction, Options, Pipeline, PipelineError, PipelineSpec, StagePlan, Tensor,
-    TensorSpec,
+    channels, pair_channels, ChannelKey, Direction, Endpoint, Options, Pipeline, PipelineError,
+    PipelineSpec, StagePlan, Tensor, TensorSpec,
 };
 use kolo_protocol::{DataType, ReduceOp};
-use kolo_threads::{Collectives, ThreadComm, Topology};
+use kolo_rendezvous::Rendezvous;
+use kolo_threads::{Collectives, Topology};
 use kolo_transport::Scale;
+use kolo_ucx::UcxComm;
 use std::collections::HashMap;
 use std::error::Error;
 use std::sync::Mutex;
@@ -243,7 +254,12 @@ fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
 }
 
 /// One rank's part of the pipelined training.
-fn train_stage(pipe: &Pipeline, stage_group: Option<&mut ThreadComm>) -> Result<RankResult> {
+/// Sums a replicated stage's gradients over its replicas, in place.
+type SumReplicas<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+
+/// `sum_replicas` sums a replicated stage's gradients over its replicas
+/// (`None` on a stage of one replica).
+fn train_stage(pipe: &Pipeline, sum_replicas: Option<&mut SumReplicas<'_>>) -> Result<RankResult> {
     let plan = pipe.plan();
     let (stage, replica) = (plan.stage(), plan.replica());
     let mut layer = model()[stage].clone();
@@ -252,7 +268,7 @@ fn train_stage(pipe: &Pipeline, stage_group: Option<&mut ThreadComm>) -> Result<
     let mut stash: HashMap<u64, (Vec<f32>, Vec<f32>)> = HashMap::new();
     let started = Instant::now();
     let mut minibatches = 0;
-    let mut group = stage_group;
+    let mut sum_replicas = sum_replicas;
     for step in 0..STEPS {
         let mine: Vec<u64> = local_minibatches((step + 1) * MICRO, replica)
             .filter(|&g| g >= step * MICRO)
@@ -301,9 +317,9 @@ fn train_stage(pipe: &Pipeline, stage_group: Option<&mut ThreadComm>) -> Result<
             }
         }
         // The flush: a replicated stage sums its replicas' gradients.
-        if let Some(comm) = group.as_deref_mut() {
-            comm.allreduce(&mut grads.w, ReduceOp::Sum, Scale::NONE)?;
-            comm.allreduce(&mut grads.b, ReduceOp::Sum, Scale::NONE)?;
+        if let Some(sum) = sum_replicas.as_deref_mut() {
+            sum(&mut grads.w)?;
+            sum(&mut grads.b)?;
         }
         layer.step(&grads);
         losses.push(loss);
@@ -316,8 +332,10 @@ fn train_stage(pipe: &Pipeline, stage_group: Option<&mut ThreadComm>) -> Result<
     })
 }
 
-fn pipelined() -> Result<Vec<RankResult>> {
-    let spec = PipelineSpec::with_widths(&[1, 2, 1])
+/// The pipeline: three stages of widths 1, 2, 1 and the tensors between
+/// them.
+fn spec() -> PipelineSpec {
+    PipelineSpec::with_widths(&[1, 2, 1])
         .tensor(
             TensorSpec::new("h1", DataType::F32, 1)
                 .from_stage(0)
@@ -333,7 +351,12 @@ fn pipelined() -> Result<Vec<RankResult>> {
                 .from_stage(0)
                 .to_stage(2)
                 .without_gradient(),
-        );
+        )
+}
+
+/// The four ranks as threads of this process (kolo-threads).
+fn pipelined() -> Result<Vec<RankResult>> {
+    let spec = spec();
     let options = Options::training(STEPS * MICRO);
     let channels = pair_channels(&spec, &options, |_| {
         let mut comms =
@@ -358,13 +381,83 @@ fn pipelined() -> Result<Vec<RankResult>> {
             1 | 2 => Some(take(&group[rank - 1]).ok_or("group already taken")?),
             _ => None,
         };
-        let result = train_stage(&pipe, stage_group.as_mut())?;
+        let mut sum = |grads: &mut [f32]| -> Result<()> {
+            let comm = stage_group.as_mut().ok_or("no stage group")?;
+            Ok(comm.allreduce(grads, ReduceOp::Sum, Scale::NONE)?)
+        };
+        let replicated = matches!(rank, 1 | 2);
+        let result = train_stage(&pipe, replicated.then_some(&mut sum as _))?;
         pipe.finish()?;
         Ok(result)
     })?)
 }
 
+/// This process's rank of a job of four processes (kolo-run, torchrun's
+/// variables): channels as two-rank UCX communicators made through the
+/// rendezvous, stage 1's replicas summing their gradients over one of
+/// their own; checks its own stage against the sequential run.
+fn one_process() -> Result<()> {
+    let mut rendezvous = Rendezvous::from_env()?;
+    let rank = rendezvous.rank();
+    let spec = spec();
+    let options = Options::training(STEPS * MICRO);
+    let plan = StagePlan::new(&spec, rank)?;
+    // One two-rank communicator per channel, made by every rank in the
+    // order of the pipeline's list; this rank keeps those it is on.
+    let mut ends = HashMap::new();
+    for key in channels(&spec, &options)? {
+        if let Some(comm) = UcxComm::connect_ranks(&mut rendezvous, &[key.sender, key.receiver])? {
+            let peer = usize::from(comm.rank() == 0);
+            ends.insert(key, Endpoint { comm, peer });
+        }
+    }
+    let mut replicas = UcxComm::connect_ranks(&mut rendezvous, &[1, 2])?;
+    rendezvous.close()?;
+    let ends = move |key: &ChannelKey| {
+        ends.remove(key)
+            .ok_or_else(|| PipelineError::Start(format!("rank {rank} has no end of {key}")))
+    };
+    let pipe = Pipeline::start(plan, options, ends)?;
+    let mut sum = |grads: &mut [f32]| -> Result<()> {
+        let comm = replicas.as_mut().ok_or("not a replica of stage 1")?;
+        Ok(comm.allreduce(grads, ReduceOp::Sum, Scale::NONE)?)
+    };
+    let replicated = matches!(rank, 1 | 2);
+    let result = train_stage(&pipe, replicated.then_some(&mut sum as _))?;
+    pipe.finish()?;
+    let (reference, reference_losses) = sequential();
+    let want = &reference[[0, 1, 1, 2][rank]];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(
+        bits(&result.layer.w),
+        bits(&want.w),
+        "rank {rank}: weights differ"
+    );
+    assert_eq!(
+        bits(&result.layer.b),
+        bits(&want.b),
+        "rank {rank}: biases differ"
+    );
+    if rank == 3 {
+        assert_eq!(
+            bits(&result.losses),
+            bits(&reference_losses),
+            "losses differ"
+        );
+    }
+    println!(
+        "rank {rank}: {} minibatches in {:.3} s; parameters{} equal the sequential run's bit for bit",
+        result.minibatches,
+        result.seconds,
+        if rank == 3 { " and losses" } else { "" }
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
+    if std::env::var_os("MASTER_ADDR").is_some() && std::env::var_os("RANK").is_some() {
+        return one_process();
+    }
     let started = Instant::now();
     let (reference, reference_losses) = sequential();
     let sequential_seconds = started.elapsed().as_secs_f64();

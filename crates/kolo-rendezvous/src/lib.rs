@@ -47,6 +47,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod controller;
 mod env;
 mod error;
 mod rendezvous;

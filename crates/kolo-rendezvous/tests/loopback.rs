@@ -2,7 +2,8 @@
 //! operation between clients, timeouts, clients refused for speaking
 //! another protocol, an oversized frame or a missing token (while the
 //! others are served on), an unreachable store, and jobs whose ranks
-//! claim one rank twice or disagree on the world size.
+//! claim one rank twice or disagree on the world size; the
+//! rendezvous as a control plane.
 
 use kolo_rendezvous::wire::{encode, Hello, MAGIC, VERSION};
 use kolo_rendezvous::{Client, LaunchVars, Rendezvous, RendezvousError, Server};
@@ -269,4 +270,41 @@ fn ranks_that_disagree_on_the_world_size_fail_naming_both() {
         zero.join().unwrap().is_err(),
         "rank 0 waits for rank 1 in vain"
     );
+}
+
+#[test]
+fn the_rendezvous_is_a_control_plane() {
+    use kolo_transport::{BitOp, Controller, Topology};
+    let port = free_port();
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            std::thread::spawn(
+                move || -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
+                    let mut ctrl = Rendezvous::join(vars(port, rank, 3, LONG))?;
+                    assert_eq!((Topology::rank(&ctrl), Topology::size(&ctrl)), (rank, 3));
+                    let gathered = ctrl.gather_bytes(&[rank as u8; 2], 1)?;
+                    let root = ctrl.broadcast_bytes(format!("id of {rank}").as_bytes(), 2)?;
+                    let all = ctrl.allgather_bytes(&[rank as u8])?;
+                    ctrl.control_barrier()?;
+                    let mut and = [u64::MAX, 0b111 ^ (1 << rank)];
+                    ctrl.bitwise_allreduce(&mut and, BitOp::And)?;
+                    let mut or = [1u64 << rank];
+                    ctrl.bitwise_allreduce(&mut or, BitOp::Or)?;
+                    let bad_root = ctrl.broadcast_bytes(b"x", 3).unwrap_err().to_string();
+                    ctrl.close()?;
+                    Ok((gathered, root, all, and, or, bad_root))
+                },
+            )
+        })
+        .collect();
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let (gathered, root, all, and, or, bad_root) = handle.join().unwrap().unwrap();
+        let want = (rank == 1).then(|| (0..3u8).map(|r| vec![r; 2]).collect::<Vec<_>>());
+        assert_eq!(gathered, want);
+        assert_eq!(root, b"id of 2");
+        assert_eq!(all, (0..3u8).map(|r| vec![r]).collect::<Vec<_>>());
+        assert_eq!(and, [u64::MAX, 0]);
+        assert_eq!(or, [0b111]);
+        assert!(bad_root.contains("root 3"), "{bad_root}");
+    }
 }

@@ -34,6 +34,9 @@ pub enum UcxError {
     /// Too many ranks for the tag layout.
     #[error("{0} ranks: a UCX communicator holds at most {MAX_RANKS}")]
     TooManyRanks(usize),
+    /// A list of members that cannot make a communicator.
+    #[error("members of a UCX communicator: {0}")]
+    Members(String),
 }
 
 impl From<UcxError> for TransportError {
@@ -75,12 +78,53 @@ impl UcxComm {
     /// address is exchanged through the store, then an endpoint made to
     /// each (every rank calls it).
     pub fn connect(rendezvous: &mut Rendezvous) -> std::result::Result<UcxComm, UcxError> {
-        let size = rendezvous.world_size();
-        if size > MAX_RANKS {
-            return Err(UcxError::TooManyRanks(size));
+        let everyone: Vec<usize> = (0..rendezvous.world_size()).collect();
+        let comm = UcxComm::connect_ranks(rendezvous, &everyone)?;
+        Ok(comm.expect("every rank is a member"))
+    }
+
+    /// A communicator of `members` (ranks of `rendezvous`'s job, in the
+    /// order that gives their ranks in it): every rank of the job calls it
+    /// with the same list, at the same point of its exchanges; the members
+    /// get `Some`, the others `None`. Its local ranks count the members on
+    /// each host (torchrun's layout: a host's ranks are consecutive). Used
+    /// for the channels of a pipeline (two ranks each) and groups of ranks:
+    /// a communicator's wait fails when any of its ranks is lost, so one
+    /// per group keeps the loss of a rank to the groups it is in.
+    pub fn connect_ranks(
+        rendezvous: &mut Rendezvous,
+        members: &[usize],
+    ) -> std::result::Result<Option<UcxComm>, UcxError> {
+        let world = rendezvous.world_size();
+        check_members(members, world)?;
+        let me = rendezvous.rank();
+        let position = members.iter().position(|&r| r == me);
+        let worker = position.map(|_| Worker::new()).transpose()?;
+        // A member's first rank of its host, then its worker's address.
+        let mine = match &worker {
+            Some(worker) => {
+                let host = (me - rendezvous.local_rank()) as u64;
+                [host.to_le_bytes().as_slice(), &worker.address()?].concat()
+            }
+            None => Vec::new(),
+        };
+        let all = rendezvous.allgather("ucx/address", &mine)?;
+        let (Some(rank), Some(worker)) = (position, worker) else {
+            rendezvous.barrier("ucx/connected")?;
+            return Ok(None);
+        };
+        let mut hosts = Vec::with_capacity(members.len());
+        let mut addresses = Vec::with_capacity(members.len());
+        for &member in members {
+            let entry = &all[member];
+            let Some((host, address)) = entry.split_first_chunk::<8>() else {
+                return Err(UcxError::Members(format!(
+                    "rank {member} sent no address (it is not a member on its side: is the list the same on every rank?)"
+                )));
+            };
+            hosts.push(u64::from_le_bytes(*host));
+            addresses.push(address.to_vec());
         }
-        let worker = Worker::new()?;
-        let addresses = rendezvous.allgather("ucx/address", &worker.address()?)?;
         let endpoints = connect_all(&worker, &addresses)?;
         let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -90,10 +134,10 @@ impl UcxComm {
             SPIN_POLLS
         };
         let mut comm = UcxComm {
-            rank: rendezvous.rank(),
-            size,
-            local_rank: rendezvous.local_rank(),
-            local_size: rendezvous.local_world_size(),
+            rank,
+            size: members.len(),
+            local_rank: hosts[..rank].iter().filter(|&&h| h == hosts[rank]).count(),
+            local_size: hosts.iter().filter(|&&h| h == hosts[rank]).count(),
             endpoints,
             peers,
             spin_polls,
@@ -106,7 +150,7 @@ impl UcxComm {
             text: e.to_string(),
         })?;
         rendezvous.barrier("ucx/connected")?;
-        Ok(comm)
+        Ok(Some(comm))
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {
@@ -273,6 +317,29 @@ fn connect_all(
         endpoints.push(endpoint);
     }
     Ok(endpoints)
+}
+
+/// `members` must be distinct ranks of a job of `world`, at least one and
+/// at most [`MAX_RANKS`].
+fn check_members(members: &[usize], world: usize) -> std::result::Result<(), UcxError> {
+    if members.len() > MAX_RANKS {
+        return Err(UcxError::TooManyRanks(members.len()));
+    }
+    if members.is_empty() {
+        return Err(UcxError::Members("the list is empty".into()));
+    }
+    if let Some(bad) = members.iter().find(|&&r| r >= world) {
+        return Err(UcxError::Members(format!(
+            "rank {bad} is not a rank of a job of {world}"
+        )));
+    }
+    let mut seen = vec![false; world];
+    for &r in members {
+        if std::mem::replace(&mut seen[r], true) {
+            return Err(UcxError::Members(format!("rank {r} is listed twice")));
+        }
+    }
+    Ok(())
 }
 
 /// Fails unless a receive of `want` bytes got exactly that many.

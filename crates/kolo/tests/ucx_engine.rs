@@ -3,6 +3,10 @@
 //! kolo-rendezvous, as kolo-run starts them, each with its own engine
 //! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
 //! shared memory and at 2 over TCP, and the submission-order jobs at 2.
+//! With `nccl` too, `Kolo::init_nccl_ucx` at 2 and 3 processes: NCCL's
+//! bootstrap through the rendezvous store either starts every rank's GPU
+//! engine (a host allreduce then runs on it) or fails on every rank with
+//! the same cause, naming NCCL and the rank (where there is no GPU).
 //!
 //! `cargo test` runs this binary directly (`harness = false`); it starts
 //! each job's ranks as copies of itself, which print a `kolo-case` line
@@ -43,6 +47,10 @@ fn main() -> ExitCode {
     let arg = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
     if let (Some(job), Some(dir)) = (arg("--job"), arg("--dir")) {
         return rank_main(&job, Path::new(&dir));
+    }
+    #[cfg(feature = "nccl")]
+    if args.iter().any(|a| a == "--nccl-rank") {
+        return nccl::rank_main();
     }
     let exe = std::env::current_exe().expect("the test binary's path");
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -93,6 +101,20 @@ fn main() -> ExitCode {
             failed.push(format!("{}::rank{}", job.name, rank.rank));
         }
     }
+    #[cfg(feature = "nccl")]
+    for np in [2, 3] {
+        let name = format!("init_nccl_ucx_np{np}");
+        match nccl::job(&exe, np) {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok");
+            }
+            Err(why) => {
+                println!("test {name} ... FAILED\n{why}");
+                failed.push(name);
+            }
+        }
+    }
     if failed.is_empty() {
         println!("test result: ok. {passed} passed; 0 failed");
         ExitCode::SUCCESS
@@ -129,6 +151,62 @@ fn rank_main(name: &str, dir: &Path) -> ExitCode {
         Err(why) => {
             eprintln!("{why}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `Kolo::init_nccl_ucx` under kolo-run.
+#[cfg(feature = "nccl")]
+mod nccl {
+    use super::JOB_BOUND;
+    use kolo::{Config, Error, Kolo, ReduceOp};
+    use std::path::Path;
+    use std::process::ExitCode;
+
+    /// One rank: start, then (if started) one host allreduce; prints
+    /// `kolo-nccl-start ok <sum>` or `kolo-nccl-start err <message>`.
+    pub fn rank_main() -> ExitCode {
+        match Kolo::init_nccl_ucx(Config::default()) {
+            Ok(kolo) => {
+                let mut x = [kolo.rank() as f32 + 1.0];
+                let outcome = kolo.allreduce("x", &mut x[..], ReduceOp::Sum);
+                let shut = kolo.shutdown();
+                match outcome.and(shut) {
+                    Ok(()) => println!("kolo-nccl-start ok {}", x[0]),
+                    Err(e) => println!("kolo-nccl-start failed-after-start {e}"),
+                }
+            }
+            Err(Error::Start { message }) => println!("kolo-nccl-start err {message}"),
+            Err(e) => println!("kolo-nccl-start other {e}"),
+        }
+        ExitCode::SUCCESS
+    }
+
+    /// Every rank started, or every rank failed naming NCCL and itself.
+    pub fn job(exe: &Path, np: usize) -> Result<(), String> {
+        let env = [("UCX_TLS", "sm,self"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+        let ranks = kolo_run::run_captured(np, exe, &["--nccl-rank"], &env, JOB_BOUND)?;
+        let sum = (1..=np).sum::<usize>() as f32;
+        let lines: Vec<(usize, String)> = ranks
+            .iter()
+            .map(|r| {
+                let line = r.stdout.lines().find(|l| l.starts_with("kolo-nccl-start"));
+                (r.rank, line.unwrap_or(&r.stderr).to_string())
+            })
+            .collect();
+        let all_ok = lines
+            .iter()
+            .all(|(_, l)| *l == format!("kolo-nccl-start ok {sum}"));
+        let all_err = lines.iter().all(|(rank, l)| {
+            l.starts_with("kolo-nccl-start err ")
+                && l.contains("NCCL")
+                && l.contains(&format!("on rank {rank}"))
+        });
+        let exits = ranks.iter().all(|r| r.succeeded());
+        if (all_ok || all_err) && exits && lines.len() == np {
+            Ok(())
+        } else {
+            Err(format!("ranks disagree or fail unnamed: {lines:?}"))
         }
     }
 }

@@ -8,7 +8,10 @@
 //! bootstrapped over kolo-threads (the communicator is not shared between
 //! threads: it is created and used on the engine thread). With the `mpi`
 //! feature too, `Kolo::init_nccl_mpi` starts one process per GPU under
-//! `mpirun`. Negotiation runs on the controller (kolo-threads or MPI), and
+//! `mpirun`, and with `ucx`, `Kolo::init_nccl_ucx` one process per GPU
+//! under `kolo-run` or torchrun's variables (NCCL bootstrapped through
+//! kolo-rendezvous' store). Negotiation runs on the controller
+//! (kolo-threads, MPI or UCX), and
 //! so do host tensors on these engines: they keep using the controller's
 //! host collectives, while device tensors go to NCCL.
 //!
@@ -55,6 +58,8 @@ mod ready;
 mod scope;
 mod start;
 mod tensor;
+#[cfg(feature = "ucx")]
+mod ucx;
 
 pub use crate::device_tensor::{DeviceReceived, DeviceTensor, DeviceTensorMut};
 pub use cudarc;

@@ -16,7 +16,10 @@
 //!
 //! Built with the `mpi` feature too and started under `mpirun` (one
 //! process per GPU), it runs the same checks on `Kolo::init_nccl_mpi`
-//! instead: `mpirun -np 2 gpu_engine [--bench]`.
+//! instead: `mpirun -np 2 gpu_engine [--bench]`; built with `ucx` and
+//! started by kolo-run (or torchrun's variables), on `Kolo::init_nccl_ucx`,
+//! NCCL bootstrapped through the rendezvous store: `kolo-run -n 2
+//! gpu_engine`.
 
 mod bench;
 mod checks;
@@ -54,10 +57,16 @@ impl Report {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let bench = args.iter().any(|a| a == "--bench");
     #[cfg(feature = "mpi")]
     if kolo_mpi::launcher::under_mpirun() {
-        let bench = args.iter().any(|a| a == "--bench");
-        std::process::exit(i32::from(!run_mpi(bench)));
+        let ok = run_process("Kolo::init_nccl_mpi", Kolo::init_nccl_mpi_with, bench);
+        std::process::exit(i32::from(!ok));
+    }
+    #[cfg(feature = "ucx")]
+    if std::env::var_os("MASTER_ADDR").is_some() && std::env::var_os("RANK").is_some() {
+        let ok = run_process("Kolo::init_nccl_ucx", Kolo::init_nccl_ucx_with, bench);
+        std::process::exit(i32::from(!ok));
     }
     let gpus = match kolo_nccl::probe::platform() {
         Ok(p) if p.devices > 0 => p.devices,
@@ -78,7 +87,6 @@ fn main() {
     if wanted.is_empty() {
         wanted = vec![1, 2];
     }
-    let bench = args.iter().any(|a| a == "--bench");
     let mut ok = true;
     for n in wanted {
         if n > gpus {
@@ -131,25 +139,30 @@ fn timeline_dir() -> Option<tempfile::TempDir> {
     }
 }
 
-/// This process's rank of an `mpirun` job: every check on
-/// `Kolo::init_nccl_mpi` (the GPU of its local rank), then the timeline on
-/// rank 0 once the engine has stopped.
-#[cfg(feature = "mpi")]
-fn run_mpi(bench: bool) -> bool {
+/// This process's rank of a job of one process per GPU, started by
+/// `init` (`Kolo::init_nccl_mpi` under mpirun, `Kolo::init_nccl_ucx` under
+/// kolo-run): every check on the GPU of its local rank, then the timeline
+/// on rank 0 once the engine has stopped.
+#[cfg(any(feature = "mpi", feature = "ucx"))]
+fn run_process(
+    how: &str,
+    init: impl FnOnce(Config, NcclOptions) -> Result<Kolo, kolo::Error>,
+    bench: bool,
+) -> bool {
     let Some(dir) = timeline_dir() else {
         return false;
     };
     let timeline = dir.path().join("timeline.json");
     let config = engine_config(&timeline, bench);
-    let kolo = match Kolo::init_nccl_mpi_with(config, options()) {
+    let kolo = match init(config, options()) {
         Ok(kolo) => kolo,
         Err(e) => {
-            println!("FAIL Kolo::init_nccl_mpi: {e}");
+            println!("FAIL {how}: {e}");
             return false;
         }
     };
     if kolo.rank() == 0 {
-        println!("== GPU engine under mpirun, {} process(es) ==", kolo.size());
+        println!("== GPU engine by {how}, {} process(es) ==", kolo.size());
     }
     let mut report = rank_checks(&kolo, bench, "process per GPU");
     let rank = report.rank;

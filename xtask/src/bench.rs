@@ -15,6 +15,7 @@ mod plain_async;
 mod runner;
 mod stats;
 mod threads_vs_mpi;
+mod ucx_vs_mpi;
 
 use crate::cargo;
 use anyhow::{bail, Result};
@@ -38,6 +39,7 @@ const SWEEPS: &[Sweep] = &[
     mpi::SWEEP,
     plain_async::SWEEP,
     threads_vs_mpi::SWEEP,
+    ucx_vs_mpi::SWEEP,
 ];
 
 fn is_help(arg: &str) -> bool {

@@ -185,7 +185,7 @@ impl Memory for Host {
         op: ReduceOp,
         scale: Scale,
     ) -> Result<()> {
-        crate::algorithms::ring_allreduce(comm, buf, op, scale)
+        crate::algorithms::allreduce(comm, buf, op, scale)
     }
     fn allgatherv<C: Collectives<Host>, T: Element>(
         comm: &mut C,

@@ -89,7 +89,7 @@ fn run(root: &Path, flags: &Flags, out: PathBuf) -> Result<()> {
 }
 
 /// Builds benches/mpi-baseline/allreduce.c into the target directory.
-fn build_baseline(root: &Path) -> Result<PathBuf> {
+pub(crate) fn build_baseline(root: &Path) -> Result<PathBuf> {
     let dir = target_dir(root)?.join("mpi-baseline");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let binary = dir.join("allreduce");

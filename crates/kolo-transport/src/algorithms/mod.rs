@@ -3,14 +3,15 @@
 //! way): the defaults of every collective in the trait, so a backend that
 //! only moves messages between pairs of ranks gets every collective.
 //!
-//! | collective     | algorithm                                    | steps            |
-//! |----------------|----------------------------------------------|------------------|
-//! | allreduce      | ring reduce-scatter, then ring allgather     | `2 (n - 1)`      |
-//! | reduce-scatter | ring, one block per rank (uneven allowed)    | `n - 1`          |
-//! | allgatherv     | ring, one block per rank (zeros allowed)     | `n - 1`          |
-//! | broadcast      | binomial tree from any root                  | `ceil(log2 n)`   |
-//! | alltoallv      | pairwise exchange                            | `n - 1`          |
-//! | barrier        | dissemination                                | `ceil(log2 n)`   |
+//! | collective                | algorithm                                         | steps          |
+//! |---------------------------|---------------------------------------------------|----------------|
+//! | allreduce, up to 32 KiB   | recursive doubling                                | `log2 n` (+2)  |
+//! | allreduce, above          | ring reduce-scatter in 256 KiB segments, ring allgather | `2 (n - 1)` |
+//! | reduce-scatter            | ring, one block per rank (uneven allowed)         | `n - 1`        |
+//! | allgatherv                | ring, one block per rank (zeros allowed)          | `n - 1`        |
+//! | broadcast                 | binomial tree from any root                       | `ceil(log2 n)` |
+//! | alltoallv                 | pairwise exchange                                 | `n - 1`        |
+//! | barrier                   | dissemination                                     | `ceil(log2 n)` |
 //!
 //! Every algorithm checks its arguments first (count lists of length
 //! `size`, buffer lengths, `root < size`) and returns
@@ -22,6 +23,7 @@ mod blocks;
 mod dissemination_barrier;
 mod generic;
 mod pairwise_alltoallv;
+mod recursive_doubling;
 mod ring_allgatherv;
 mod ring_allreduce;
 mod ring_reduce_scatter;
@@ -30,8 +32,9 @@ mod tree_broadcast;
 pub use dissemination_barrier::dissemination_barrier;
 pub use generic::Generic;
 pub use pairwise_alltoallv::pairwise_alltoallv;
+pub use recursive_doubling::recursive_doubling_allreduce;
 pub use ring_allgatherv::ring_allgatherv;
-pub use ring_allreduce::ring_allreduce;
+pub use ring_allreduce::{allreduce, ring_allreduce, SHORT_ALLREDUCE_BYTES};
 pub use ring_reduce_scatter::ring_reduce_scatter;
 pub use tree_broadcast::tree_broadcast;
 

@@ -9,6 +9,7 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::traits::{Collectives, Scale};
 use kolo_protocol::ReduceOp;
+use std::ops::Range;
 
 /// The blocks rank `rank` sends and receives at `step` (0-based): it sends
 /// `rank - step - 1` and receives `rank - step - 2` (mod n), so that the last
@@ -17,10 +18,25 @@ pub(crate) fn reduce_scatter_step(rank: usize, step: usize, n: usize) -> (usize,
     (ring_index(rank, step + 1, n), ring_index(rank, step + 2, n))
 }
 
+/// Bytes per message of a reduce-scatter step: a step's block goes as
+/// segments of this size, each folded in as soon as it arrives, so the
+/// incoming segment is still in the cache (a per-core L2) when it is
+/// reduced instead of being written to memory and read back.
+pub(crate) const SEGMENT_BYTES: usize = 256 << 10;
+
+/// Segment `i` of `block`, `segment` elements long (the last one shorter;
+/// empty past the end).
+fn segment_of(block: Range<usize>, i: usize, segment: usize) -> Range<usize> {
+    let start = (block.start + i * segment).min(block.end);
+    start..(start + segment).min(block.end)
+}
+
 /// Ring reduce-scatter over `buf`, which holds this rank's (already
 /// prescaled) contribution cut into `blocks`. Afterwards block `rank` of
 /// `buf` is the reduction over every rank; the other blocks hold partial
-/// results.
+/// results. Every step sends as many segments as the longest block has,
+/// on every rank, so sender and receiver pair up even where blocks differ
+/// in length (the shorter ones send empty segments at the end).
 pub(crate) fn reduce_scatter_in_place<C: Collectives + ?Sized, T: Element>(
     comm: &mut C,
     buf: &mut [T],
@@ -33,13 +49,18 @@ pub(crate) fn reduce_scatter_in_place<C: Collectives + ?Sized, T: Element>(
         return Ok(());
     }
     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
-    let mut incoming = vec![T::default(); blocks.max_len()];
+    let segment = (SEGMENT_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    let segments = blocks.max_len().div_ceil(segment).max(1);
+    let mut incoming = vec![T::default(); blocks.max_len().min(segment)];
     for step in 0..n - 1 {
         let (send_block, recv_block) = reduce_scatter_step(rank, step, n);
-        let recv_range = blocks.range(recv_block);
-        let incoming = &mut incoming[..recv_range.len()];
-        comm.sendrecv(&buf[blocks.range(send_block)], right, incoming, left, tag)?;
-        T::reduce_into(&mut buf[recv_range], incoming, op);
+        for i in 0..segments {
+            let out = segment_of(blocks.range(send_block), i, segment);
+            let into = segment_of(blocks.range(recv_block), i, segment);
+            let incoming = &mut incoming[..into.len()];
+            comm.sendrecv(&buf[out], right, incoming, left, tag)?;
+            T::reduce_into(&mut buf[into], incoming, op);
+        }
     }
     Ok(())
 }
@@ -107,6 +128,24 @@ mod tests {
     }
 
     proptest! {
+        /// The segments of a block tile it in order, none longer than asked.
+        #[test]
+        fn segments_tile_their_block(start in 0usize..1000, len in 0usize..5000, segment in 1usize..700) {
+            let block = start..start + len;
+            let count = len.div_ceil(segment).max(1);
+            let mut next = block.start;
+            for i in 0..count + 2 {
+                let part = segment_of(block.clone(), i, segment);
+                prop_assert_eq!(part.start, next);
+                prop_assert!(part.len() <= segment);
+                next = part.end;
+                if i >= count {
+                    prop_assert!(part.is_empty());
+                }
+            }
+            prop_assert_eq!(next, block.end);
+        }
+
         #[test]
         fn schedule_reduces_every_block_once(n in 1usize..=64) {
             simulate(n)?;

@@ -2,7 +2,8 @@
 //! backends run) over UCX: separate processes that meet through
 //! kolo-rendezvous, as kolo-run starts them, each with its own engine
 //! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
-//! shared memory and at 2 over TCP, and the submission-order jobs at 2.
+//! shared memory and at 2 over TCP, the submission-order jobs at 2, and
+//! the train example as four processes (`--backend ucx`).
 //! With `nccl` too, `Kolo::init_nccl_ucx` at 2 and 3 processes: NCCL's
 //! bootstrap through the rendezvous store either starts every rank's GPU
 //! engine (a host allreduce then runs on it) or fails on every rank with
@@ -101,6 +102,16 @@ fn main() -> ExitCode {
             failed.push(format!("{}::rank{}", job.name, rank.rank));
         }
     }
+    match train_example(&exe) {
+        Ok(()) => {
+            passed += 1;
+            println!("test train_example_np4 ... ok");
+        }
+        Err(why) => {
+            println!("test train_example_np4 ... FAILED\n{why}");
+            failed.push("train_example_np4".into());
+        }
+    }
     #[cfg(feature = "nccl")]
     for np in [2, 3] {
         let name = format!("init_nccl_ucx_np{np}");
@@ -121,6 +132,41 @@ fn main() -> ExitCode {
     } else {
         println!("test result: FAILED. {passed} passed; failed: {failed:?}");
         ExitCode::FAILURE
+    }
+}
+
+/// The train example (`--backend ucx`) as four processes under kolo-run's
+/// library, as the README starts it: every rank exits 0 and rank 0 reports
+/// the parameters bitwise identical on all four.
+fn train_example(exe: &Path) -> Result<(), String> {
+    // The test runs from target/<profile>/deps; cargo builds the package's
+    // examples into target/<profile>/examples when it runs its tests whole.
+    let example = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("examples").join("train"))
+        .ok_or("no target/<profile> above the test binary")?;
+    if !example.exists() {
+        return Err(format!(
+            "{} not built: run the package's tests whole (`cargo test -p kolo --features ucx`), which builds its examples",
+            example.display()
+        ));
+    }
+    let env = [("UCX_TLS", "sm,self"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+    let ranks = kolo_run::run_captured(4, &example, &["--backend", "ucx"], &env, JOB_BOUND)?;
+    for rank in &ranks {
+        if !rank.succeeded() {
+            return Err(format!(
+                "rank {}: {:?}\n{}\n{}",
+                rank.rank, rank.status, rank.stdout, rank.stderr
+            ));
+        }
+    }
+    let want = "all 4 ranks (UCX processes) hold bitwise identical parameters";
+    match ranks.iter().find(|r| r.rank == 0) {
+        Some(rank) if rank.stdout.contains(want) => Ok(()),
+        Some(rank) => Err(format!("rank 0 did not say {want:?}:\n{}", rank.stdout)),
+        None => Err("no rank 0".into()),
     }
 }
 

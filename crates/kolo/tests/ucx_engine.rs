@@ -2,7 +2,7 @@
 //! backends run) over UCX: separate processes that meet through
 //! kolo-rendezvous, as kolo-run starts them, each with its own engine
 //! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
-//! shared memory and at 2 over TCP, the submission-order jobs at 2, and
+//! shared memory and over TCP, the submission-order jobs at 2, and
 //! the train example as four processes (`--backend ucx`).
 //! With `nccl` too, `Kolo::init_nccl_ucx` at 2 and 3 processes: NCCL's
 //! bootstrap through the rendezvous store either starts every rank's GPU
@@ -32,9 +32,11 @@ fn jobs() -> Vec<(Job, &'static str)> {
         .into_iter()
         .map(|np| (Job::main(np, &[]), "sm,self"))
         .collect();
-    let mut tcp = Job::main(2, &[]);
-    tcp.name = "main_np2_tcp".into();
-    jobs.push((tcp, "tcp,self"));
+    for np in [2, 3, 4] {
+        let mut tcp = Job::main(np, &[]);
+        tcp.name = format!("main_np{np}_tcp");
+        jobs.push((tcp, "tcp,self"));
+    }
     jobs.extend(
         kolo_engine_suite::order_jobs(&[2])
             .into_iter()

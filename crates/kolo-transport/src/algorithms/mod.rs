@@ -27,6 +27,7 @@ mod recursive_doubling;
 mod ring_allgatherv;
 mod ring_allreduce;
 mod ring_reduce_scatter;
+mod scratch;
 mod tree_broadcast;
 
 pub use dissemination_barrier::dissemination_barrier;

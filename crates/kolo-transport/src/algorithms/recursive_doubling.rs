@@ -10,6 +10,7 @@
 //! two partial results on both sides, and kolo's ops are commutative
 //! element by element.
 
+use super::scratch::with_scratch;
 use super::ALLREDUCE_TAG;
 use crate::element::Element;
 use crate::error::Result;
@@ -62,15 +63,18 @@ pub fn recursive_doubling_allreduce<C: Collectives + ?Sized, T: Element>(
             comm.recv(buf, peer, ALLREDUCE_TAG)
         }
         Schedule::Exchange { extra, peers } => {
-            let mut incoming = vec![T::default(); if n > 1 { buf.len() } else { 0 }];
-            if let Some(extra) = extra {
-                comm.recv(&mut incoming, extra, ALLREDUCE_TAG)?;
-                T::reduce_into(buf, &incoming, op);
-            }
-            for peer in peers {
-                comm.sendrecv(buf, peer, &mut incoming, peer, ALLREDUCE_TAG)?;
-                T::reduce_into(buf, &incoming, op);
-            }
+            let len = if n > 1 { buf.len() } else { 0 };
+            with_scratch(len, |incoming: &mut [T]| {
+                if let Some(extra) = extra {
+                    comm.recv(incoming, extra, ALLREDUCE_TAG)?;
+                    T::reduce_into(buf, incoming, op);
+                }
+                for &peer in &peers {
+                    comm.sendrecv(buf, peer, incoming, peer, ALLREDUCE_TAG)?;
+                    T::reduce_into(buf, incoming, op);
+                }
+                Ok(())
+            })?;
             T::scale(buf, scale.postscale_for(op, n));
             match extra {
                 Some(extra) => comm.send(buf, extra, ALLREDUCE_TAG),

@@ -4,6 +4,7 @@
 //! `rank` holds every rank's contribution.
 
 use super::blocks::{check_len, ring_index, Blocks};
+use super::scratch::with_scratch;
 use super::REDUCE_SCATTER_TAG;
 use crate::element::Element;
 use crate::error::Result;
@@ -51,18 +52,19 @@ pub(crate) fn reduce_scatter_in_place<C: Collectives + ?Sized, T: Element>(
     let (right, left) = ((rank + 1) % n, (rank + n - 1) % n);
     let segment = (SEGMENT_BYTES / std::mem::size_of::<T>().max(1)).max(1);
     let segments = blocks.max_len().div_ceil(segment).max(1);
-    let mut incoming = vec![T::default(); blocks.max_len().min(segment)];
-    for step in 0..n - 1 {
-        let (send_block, recv_block) = reduce_scatter_step(rank, step, n);
-        for i in 0..segments {
-            let out = segment_of(blocks.range(send_block), i, segment);
-            let into = segment_of(blocks.range(recv_block), i, segment);
-            let incoming = &mut incoming[..into.len()];
-            comm.sendrecv(&buf[out], right, incoming, left, tag)?;
-            T::reduce_into(&mut buf[into], incoming, op);
+    with_scratch(blocks.max_len().min(segment), |incoming: &mut [T]| {
+        for step in 0..n - 1 {
+            let (send_block, recv_block) = reduce_scatter_step(rank, step, n);
+            for i in 0..segments {
+                let out = segment_of(blocks.range(send_block), i, segment);
+                let into = segment_of(blocks.range(recv_block), i, segment);
+                let incoming = &mut incoming[..into.len()];
+                comm.sendrecv(&buf[out], right, incoming, left, tag)?;
+                T::reduce_into(&mut buf[into], incoming, op);
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Reduces every rank's `send` (`sum(counts)` elements, cut into one block

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# kolo-ucx's allreduce against plain MPI_Allreduce, shared memory, in one
+# run: rounds alternate which goes first; each runs 8 B, then 1-64 MiB
+# (x4), f32 sum, 20 timed iterations after 5 warm-up. The same comparison
+# as `cargo xtask bench ucx-vs-mpi`, for a host without cargo (the GPU
+# host): build there-ready binaries here, copy the folder, run it there.
+#
+#   cargo build --release -p kolo-bench --features mpi,ucx -p kolo-run
+#   mpicc -O2 -o target/release/mpi-allreduce benches/mpi-baseline/allreduce.c
+#   bash benches/ucx-vs-mpi.sh target/release 2 5     # BIN NP ROUNDS
+#
+# Prints every row ("ucx|mpi ROUND size count type redop time algbw
+# busbw wrong") and per size the median over rounds of ucx / MPI (time at
+# 8 B, busbw above). Needs python3 for the medians.
+set -euo pipefail
+bin=$1 np=${2:-2} rounds=${3:-5}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ucx() {
+  UCX_TLS=sm,self "$bin/kolo-run" -n "$np" --master-port 0 "$bin/kolo-bench" --backend ucx \
+    --op allreduce --min-bytes "$1" --max-bytes "$2" --factor 4 --iters 20 --warmup 5 --quiet 2>/dev/null |
+    grep -v '^#'
+}
+mpi() {
+  OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=cma \
+    mpirun -np "$np" --oversubscribe --bind-to none "$bin/mpi-allreduce" "$1" "$2" 4 20 5 2>/dev/null |
+    grep -v '^#'
+}
+side() { { $1 8 8; $1 1M 64M; } | sed "s/^/$1 $2 /"; }
+rows=$(for r in $(seq 1 "$rounds"); do
+  if [ $((r % 2)) = 1 ]; then side ucx "$r"; side mpi "$r"; else side mpi "$r"; side ucx "$r"; fi
+done)
+echo "$rows"
+echo "$rows" | python3 -c '
+import statistics, sys
+rows = {}
+for line in sys.stdin:
+    p = line.split()
+    if len(p) >= 9 and p[2].isdigit():
+        rows.setdefault((p[0], int(p[2])), {})[int(p[1])] = (float(p[6]), float(p[8]))
+print(f"kolo-ucx / MPI_Allreduce, '"$np"' processes, shared memory, medians of the rounds")
+for size in sorted({s for _, s in rows}):
+    u, m = rows.get(("ucx", size), {}), rows.get(("mpi", size), {})
+    both = [r for r in u if r in m]
+    col, what = (0, "time") if size == 8 else (1, "busbw")
+    ratio = statistics.median(u[r][col] / m[r][col] for r in both)
+    mu = statistics.median(u[r][col] for r in both)
+    mm = statistics.median(m[r][col] for r in both)
+    print(f"{size:>9} B: ucx {mu:9.3f} MPI {mm:9.3f} {what} ratio {ratio:5.2f}x")
+'

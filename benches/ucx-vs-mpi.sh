@@ -12,20 +12,35 @@
 # Prints every row ("ucx|mpi ROUND size count type redop time algbw
 # busbw wrong") and per size the median over rounds of ucx / MPI (time at
 # 8 B, busbw above). Needs python3 for the medians.
+#
+# ENGINE=1: the engine instead (`kolo-bench --engine`, one tensor per step,
+# 8 B to 16 MiB x8, 30 iterations) over kolo-ucx and over kolo-mpi under mpirun; the
+# summary compares times at every size.
 set -euo pipefail
 bin=$1 np=${2:-2} rounds=${3:-5}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+engine=${ENGINE:-0}
+bench_args=(--op allreduce --iters 20 --warmup 5 --quiet)
+[ "$engine" = 1 ] && bench_args=(--op allreduce --iters 30 --warmup 5 --quiet)
 ucx() {
+  local sizes=(--min-bytes "${1:-}" --max-bytes "${2:-}" --factor 4)
+  [ "$engine" = 1 ] && sizes=(--engine --min-bytes 8 --max-bytes 16M --factor 8)
   UCX_TLS=sm,self "$bin/kolo-run" -n "$np" --master-port 0 "$bin/kolo-bench" --backend ucx \
-    --op allreduce --min-bytes "$1" --max-bytes "$2" --factor 4 --iters 20 --warmup 5 --quiet 2>/dev/null |
-    grep -v '^#'
+    "${sizes[@]}" "${bench_args[@]}" 2>/dev/null | grep -v '^#'
 }
 mpi() {
-  OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=cma \
+  export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=cma
+  if [ "$engine" = 1 ]; then
+    mpirun -np "$np" --oversubscribe --bind-to none "$bin/kolo-bench" --backend mpi --engine \
+      --min-bytes 8 --max-bytes 16M --factor 8 "${bench_args[@]}" 2>/dev/null | grep -v '^#'
+  else
     mpirun -np "$np" --oversubscribe --bind-to none "$bin/mpi-allreduce" "$1" "$2" 4 20 5 2>/dev/null |
-    grep -v '^#'
+      grep -v '^#'
+  fi
 }
-side() { { $1 8 8; $1 1M 64M; } | sed "s/^/$1 $2 /"; }
+side() {
+  if [ "$engine" = 1 ]; then $1; else { $1 8 8; $1 1M 64M; }; fi | sed "s/^/$1 $2 /"
+}
 rows=$(for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) = 1 ]; then side ucx "$r"; side mpi "$r"; else side mpi "$r"; side ucx "$r"; fi
 done)
@@ -37,11 +52,13 @@ for line in sys.stdin:
     p = line.split()
     if len(p) >= 9 and p[2].isdigit():
         rows.setdefault((p[0], int(p[2])), {})[int(p[1])] = (float(p[6]), float(p[8]))
-print(f"kolo-ucx / MPI_Allreduce, '"$np"' processes, shared memory, medians of the rounds")
+engine = "'"$engine"'" == "1"
+base = "kolo-mpi, both through the engine" if engine else "MPI_Allreduce"
+print(f"kolo-ucx / {base}, '"$np"' processes, shared memory, medians of the rounds")
 for size in sorted({s for _, s in rows}):
     u, m = rows.get(("ucx", size), {}), rows.get(("mpi", size), {})
     both = [r for r in u if r in m]
-    col, what = (0, "time") if size == 8 else (1, "busbw")
+    col, what = (0, "time") if size == 8 or engine else (1, "busbw")
     ratio = statistics.median(u[r][col] / m[r][col] for r in both)
     mu = statistics.median(u[r][col] for r in both)
     mm = statistics.median(m[r][col] for r in both)

@@ -4,12 +4,14 @@
 //! the data plane, whose collectives are kolo-transport's generic
 //! algorithms, and probed variable-size messages for the control plane.
 
+use crate::bitwise::Bitwise;
 use crate::result::{self, UcsError};
 use crate::safe::wait::{wait_all, InFlight, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
 use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
 use kolo_rendezvous::Rendezvous;
+use kolo_transport::algorithms::recursive_doubling::{self, Schedule};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
 use kolo_transport::{BitOp, Collectives, Controller, Element, Result, Topology, TransportError};
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 /// makes the same control calls in the same order).
 const GATHER: u32 = 1;
 const BROADCAST: u32 = 2;
+const BITWISE: u32 = 3;
 /// How long closing an endpoint may take.
 const CLOSE_BOUND: Duration = Duration::from_secs(5);
 
@@ -239,6 +242,29 @@ impl UcxComm {
         check_length(requests[0].received, bytes.len(), peer, what)
     }
 
+    /// The tag of a bitwise allreduce's message from `source`.
+    fn bitwise_tag(&self, source: usize) -> u64 {
+        tags::tag(source, BITWISE, Plane::Control)
+    }
+
+    /// Sends `bytes` to `peer` and receives its message of any length, at
+    /// the same time (neither side waits for the other's receive first).
+    fn exchange_any(&mut self, bytes: &[u8], peer: usize) -> Result<Vec<u8>> {
+        let send = self.start_send(bytes, peer, self.bitwise_tag(self.rank))?;
+        let received = self.recv_any(peer, self.bitwise_tag(peer));
+        let mut requests = [send];
+        let sent = wait_all(
+            &mut self.worker,
+            &mut requests,
+            &self.peers,
+            None,
+            self.spin_polls,
+        )
+        .map_err(|e| self.failed(peer, "a bitwise allreduce", e));
+        let received = received?;
+        sent.map(|()| received)
+    }
+
     fn send_bytes(&mut self, bytes: &[u8], peer: usize, tag: u64, what: &str) -> Result<()> {
         let mut requests = [self.start_send(bytes, peer, tag)?];
         wait_all(
@@ -254,6 +280,7 @@ impl UcxComm {
     /// Receives a control message of any length from `peer`.
     fn recv_any(&mut self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         let what = "a control message";
+        let mut idle = 0u32;
         loop {
             // SAFETY: the worker is live; a probed message is received
             // right below.
@@ -287,7 +314,12 @@ impl UcxComm {
                 return Err(self.failed(peer, what, WaitError::PeerFailed(cause)));
             }
             if self.worker.progress() == 0 {
-                std::thread::yield_now();
+                idle += 1;
+                if idle > self.spin_polls {
+                    std::thread::yield_now();
+                }
+            } else {
+                idle = 0;
             }
         }
     }
@@ -495,29 +527,38 @@ impl Controller for UcxComm {
     }
 
     fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
-        let mine: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        let all = self.allgather_bytes(&mine)?;
-        let mut reduced = words.to_vec();
-        for (peer, bytes) in all.iter().enumerate() {
-            if bytes.len() != words.len() * 8 {
-                return Err(TransportError::InvalidArgument(format!(
-                    "bitwise allreduce: rank {peer} passed {} words, rank {} passed {}",
-                    bytes.len() / 8,
-                    self.rank,
-                    words.len()
-                )));
+        let mut state = Bitwise::new(self.rank, words);
+        match recursive_doubling::schedule(self.rank, self.size) {
+            Schedule::Fold(partner) => {
+                self.send_bytes(
+                    &state.encode(),
+                    partner,
+                    self.bitwise_tag(self.rank),
+                    "a bitwise allreduce",
+                )?;
+                let result = self.recv_any(partner, self.bitwise_tag(partner))?;
+                state.adopt(partner, &result)?;
             }
-            for (r, chunk) in reduced.iter_mut().zip(bytes.chunks_exact(8)) {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(chunk);
-                let v = u64::from_ne_bytes(w);
-                match op {
-                    BitOp::And => *r &= v,
-                    BitOp::Or => *r |= v,
+            Schedule::Exchange { extra, peers } => {
+                if let Some(extra) = extra {
+                    let theirs = self.recv_any(extra, self.bitwise_tag(extra))?;
+                    state.fold(extra, &theirs, op)?;
+                }
+                for peer in peers {
+                    let theirs = self.exchange_any(&state.encode(), peer)?;
+                    state.fold(peer, &theirs, op)?;
+                }
+                if let Some(extra) = extra {
+                    self.send_bytes(
+                        &state.encode(),
+                        extra,
+                        self.bitwise_tag(self.rank),
+                        "a bitwise allreduce",
+                    )?;
                 }
             }
         }
-        words.copy_from_slice(&reduced);
+        words.copy_from_slice(&state.finish()?);
         Ok(())
     }
 }

@@ -41,6 +41,7 @@
 
 #![warn(missing_docs)]
 
+mod bitwise;
 mod comm;
 pub mod result;
 pub mod safe;

@@ -23,7 +23,7 @@ mod blocks;
 mod dissemination_barrier;
 mod generic;
 mod pairwise_alltoallv;
-mod recursive_doubling;
+pub mod recursive_doubling;
 mod ring_allgatherv;
 mod ring_allreduce;
 mod ring_reduce_scatter;

@@ -18,7 +18,7 @@ use crate::traits::{Collectives, Scale};
 use kolo_protocol::ReduceOp;
 
 /// The largest power of two not above `n` (`n >= 1`).
-pub(crate) fn largest_power_of_two(n: usize) -> usize {
+fn largest_power_of_two(n: usize) -> usize {
     1usize << (usize::BITS - 1 - n.max(1).leading_zeros())
 }
 
@@ -26,16 +26,24 @@ pub(crate) fn largest_power_of_two(n: usize) -> usize {
 /// two (hands its buffer to `peer` and takes the result back), otherwise
 /// `Exchange { extra, peers }`: first fold in `extra`'s buffer (if any),
 /// then swap with each of `peers` in turn, then send the result to `extra`.
+/// Backends use it for their own recursive-doubling exchanges (kolo-ucx's
+/// bitwise allreduce of the control plane).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Schedule {
+pub enum Schedule {
+    /// Hand the buffer to this rank, then take the result back from it.
     Fold(usize),
+    /// Fold in `extra`'s buffer first (if any), swap with each of `peers`
+    /// in turn, then send the result to `extra`.
     Exchange {
+        /// The rank past the power of two this rank folds in.
         extra: Option<usize>,
+        /// The partner of each exchange, in order.
         peers: Vec<usize>,
     },
 }
 
-pub(crate) fn schedule(rank: usize, n: usize) -> Schedule {
+/// What rank `rank` of `n` does in a recursive-doubling exchange.
+pub fn schedule(rank: usize, n: usize) -> Schedule {
     let p = largest_power_of_two(n);
     if rank >= p {
         return Schedule::Fold(rank - p);

@@ -43,6 +43,7 @@
 
 mod bitwise;
 mod comm;
+mod control;
 pub mod result;
 pub mod safe;
 pub mod sys;

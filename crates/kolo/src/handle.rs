@@ -15,6 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 /// Turns what a handle's submission delivered into its output (copying
 /// results into the caller's buffers where the operation copies).
@@ -50,6 +51,40 @@ impl<'a, O> Handle<'a, O> {
         }
     }
 
+    /// A handle whose result was taken: every call on it errs (what a
+    /// handle moved out of its owner leaves behind).
+    pub(crate) fn spent() -> Self {
+        Handle {
+            completion: Completion::new(Arc::default(), false, None, None),
+            finish: None,
+        }
+    }
+
+    /// A handle that completed at once with `value`.
+    pub(crate) fn done(value: O) -> Self
+    where
+        O: Send + 'a,
+    {
+        Handle::new(
+            Completion::new(Arc::default(), false, None, None),
+            move |_| Ok(value),
+        )
+    }
+
+    /// This handle with its output turned by `f`.
+    pub(crate) fn map<P>(self, f: impl FnOnce(O) -> P + Send + 'a) -> Handle<'a, P>
+    where
+        O: 'a,
+    {
+        let Handle { completion, finish } = self;
+        Handle {
+            completion,
+            finish: finish.map(|finish| -> Finish<'a, P> {
+                Box::new(move |payloads| finish(payloads).map(f))
+            }),
+        }
+    }
+
     /// The names of the tensors the handle waits for.
     pub fn tensors(&self) -> impl Iterator<Item = &str> {
         self.completion.names().iter()
@@ -73,6 +108,18 @@ impl<'a, O> Handle<'a, O> {
     pub fn wait(mut self) -> Result<O, Error> {
         self.advance(Completion::wait)
             .unwrap_or_else(|| Err(spent(self.completion.names().first())))
+    }
+
+    /// Blocks until the operation completed or `timeout` passed: the
+    /// result as [`Handle::wait`] gives it, or `None` at the timeout (the
+    /// operation goes on; wait again, or poll). After it returned `Some`,
+    /// the handle is spent.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<O, Error>> {
+        let deadline = Instant::now().checked_add(timeout);
+        self.advance(|c| match deadline {
+            Some(deadline) => c.wait_until(deadline),
+            None => c.wait(),
+        })
     }
 
     /// Takes the results with `take`; once they are in, finishes.

@@ -130,6 +130,18 @@ impl Kolo {
         self.runtime.size
     }
 
+    /// This rank among the ranks of its host: `LOCAL_RANK` under
+    /// torchrun's variables, the node-local rank under mpirun, the rank
+    /// itself for thread ranks (all on one host).
+    pub fn local_rank(&self) -> usize {
+        self.runtime.local.0
+    }
+
+    /// The number of ranks on this rank's host.
+    pub fn local_size(&self) -> usize {
+        self.runtime.local.1
+    }
+
     /// The CUDA device whose tensors this engine reduces on the GPU
     /// (engines started by `kolo::nccl::run` or `Kolo::init_nccl_mpi`);
     /// `None` for host-only engines.

@@ -57,6 +57,7 @@ pub mod nccl;
 mod ops;
 mod panic_text;
 mod placed;
+pub mod raw;
 mod scope;
 mod split;
 mod stats;

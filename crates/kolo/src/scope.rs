@@ -120,6 +120,15 @@ impl Kolo {
         self.scope_of(true, f)
     }
 
+    /// A scope whose end nobody waits for, lending tensors under `leases`:
+    /// the raw layer's (`crate::raw`), whose callers vouch for their
+    /// memory until each operation completed instead of a borrow.
+    pub(crate) fn detached_scope(&self) -> Scope<'_, '_> {
+        Scope {
+            core: ScopeCore::new(self),
+        }
+    }
+
     /// [`Kolo::scope`], for a blocking call or not.
     fn scope_of<'env, R>(
         &'env self,

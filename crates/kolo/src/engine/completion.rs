@@ -234,12 +234,23 @@ impl Completion {
     /// polls, yielding the CPU; then makes sure the background thread is
     /// awake and sleeps on the condition variable.
     pub(crate) fn wait(&self) -> Option<Outcome> {
-        let deadline = Instant::now() + POLL_BEFORE_SLEEP;
+        self.wait_for(None)
+    }
+
+    /// [`Completion::wait`] that gives up at `deadline`: `None` (the
+    /// results stay) if the submission is not done by then.
+    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<Outcome> {
+        self.wait_for(Some(deadline))
+    }
+
+    fn wait_for(&self, deadline: Option<Instant>) -> Option<Outcome> {
+        let polling = Instant::now() + POLL_BEFORE_SLEEP;
+        let polling = deadline.map_or(polling, |d| d.min(polling));
         let progress = self.progress.as_ref().and_then(Weak::upgrade);
-        while !self.is_done() && Instant::now() < deadline {
+        while !self.is_done() && Instant::now() < polling {
             let ran = progress
                 .as_ref()
-                .is_some_and(|p| p.run_until(&|| self.is_done(), deadline));
+                .is_some_and(|p| p.run_until(&|| self.is_done(), polling));
             if !ran {
                 std::thread::yield_now();
             }
@@ -249,7 +260,16 @@ impl Completion {
         }
         let mut state = self.state.lock();
         while !self.finished.load(Ordering::Acquire) {
-            self.done.wait(&mut state);
+            match deadline {
+                None => self.done.wait(&mut state),
+                Some(deadline) => {
+                    if self.done.wait_until(&mut state, deadline).timed_out()
+                        && !self.finished.load(Ordering::Acquire)
+                    {
+                        return None;
+                    }
+                }
+            }
         }
         take(&mut state)
     }

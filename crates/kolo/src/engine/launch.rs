@@ -27,6 +27,8 @@ use std::thread::JoinHandle;
 struct Started {
     rank: usize,
     size: usize,
+    /// Where it stands among the ranks of its host.
+    local: (usize, usize),
     /// The GPU of its device plane.
     gpu: Option<usize>,
 }
@@ -50,6 +52,8 @@ pub(crate) fn open_timeline(config: &Config, rank: usize) -> Result<Timeline, Er
 pub(crate) struct Runtime {
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// The rank among the ranks of this host, and their number.
+    pub(crate) local: (usize, usize),
     /// The GPU of the engine's device data plane, if it has one.
     pub(crate) gpu: Option<usize>,
     shared: Arc<Shared>,
@@ -152,6 +156,7 @@ where
                 let started = Started {
                     rank,
                     size,
+                    local: (backend.local_rank(), backend.local_size()),
                     gpu: plane.ordinal(),
                 };
                 let core = Core::new(
@@ -204,7 +209,12 @@ where
         .map_err(|e| Error::Start {
             message: format!("cannot spawn the engine's background thread: {e}"),
         })?;
-    let Started { rank, size, gpu } = match ready_rx.recv() {
+    let Started {
+        rank,
+        size,
+        local,
+        gpu,
+    } = match ready_rx.recv() {
         Ok(Ok(started)) => started,
         // The thread ends on its own once it told the peers (see
         // `agree_start`): a caller that starts its ranks one after the
@@ -226,6 +236,7 @@ where
     Ok(Runtime {
         rank,
         size,
+        local,
         gpu,
         shared,
         commands,

@@ -100,7 +100,7 @@ impl<'scope> Scope<'scope, '_> {
     /// Submits an allgather or an alltoall (`kind`; `splits` for the
     /// alltoall) of `input`, whose handle returns an output of type `O`
     /// (which the input's memory decides).
-    fn gather_placed<T: Element, O: Send + 'static>(
+    pub(crate) fn gather_placed<T: Element, O: Send + 'static>(
         &self,
         name: &str,
         kind: RequestKind,
@@ -133,7 +133,7 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// [`Scope::broadcast_async`] of a tensor already placed.
-    fn broadcast_placed<T: Element>(
+    pub(crate) fn broadcast_placed<T: Element>(
         &self,
         name: &str,
         buf: PlacedMut<'scope, T>,

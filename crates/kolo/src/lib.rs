@@ -48,6 +48,7 @@ mod engine;
 mod error;
 mod group;
 mod handle;
+mod init;
 mod kolo;
 mod logging;
 #[cfg(feature = "mpi")]

@@ -40,9 +40,11 @@ pub const BACKEND: &str = "KOLO_BACKEND";
 /// Ask MPI for `MPI_THREAD_FUNNELED` instead of `MULTIPLE`:
 /// [`Config::mpi_threads_disable`].
 pub const MPI_THREADS_DISABLE: &str = "KOLO_MPI_THREADS_DISABLE";
+/// Whether [`crate::Kolo::init`] may start a GPU engine: [`Config::gpu`].
+pub const GPU: &str = "KOLO_GPU";
 
 /// Every variable [`Config::from_env`] reads.
-pub const VARIABLES: [&str; 10] = [
+pub const VARIABLES: [&str; 11] = [
     FUSION_THRESHOLD,
     CYCLE_TIME,
     TIMELINE,
@@ -53,6 +55,7 @@ pub const VARIABLES: [&str; 10] = [
     LOG_LEVEL,
     BACKEND,
     MPI_THREADS_DISABLE,
+    GPU,
 ];
 
 /// The engine's settings. Build one with the builder methods (each
@@ -100,6 +103,10 @@ pub struct Config {
     /// `MPI_THREAD_MULTIPLE` (off). Every MPI call then comes from the
     /// engine's background thread, which initialises MPI.
     pub mpi_threads_disable: bool,
+    /// [`crate::Kolo::init`] starts the GPU engine (device tensors through
+    /// NCCL) where kolo is built with the `nccl` feature and this
+    /// process's local rank has a GPU (on); off keeps it to the host.
+    pub gpu: bool,
 }
 
 impl Default for Config {
@@ -115,6 +122,7 @@ impl Default for Config {
             log_level: LogLevel::Warn,
             backend: BackendKind::Threads,
             mpi_threads_disable: false,
+            gpu: true,
         }
     }
 }
@@ -186,6 +194,9 @@ impl Config {
         if let Some(v) = read(MPI_THREADS_DISABLE)? {
             config.mpi_threads_disable =
                 checked(MPI_THREADS_DISABLE, &v, parse::switch, unbounded)?;
+        }
+        if let Some(v) = read(GPU)? {
+            config.gpu = checked(GPU, &v, parse::switch, unbounded)?;
         }
         Ok(config)
     }
@@ -274,6 +285,12 @@ impl Config {
     /// MPI backend: request `MPI_THREAD_FUNNELED` instead of `MULTIPLE`.
     pub fn mpi_threads_disable(mut self, disable: bool) -> Self {
         self.mpi_threads_disable = disable;
+        self
+    }
+
+    /// Whether [`crate::Kolo::init`] may start a GPU engine.
+    pub fn gpu(mut self, gpu: bool) -> Self {
+        self.gpu = gpu;
         self
     }
 

@@ -52,6 +52,7 @@ fn every_variable_is_read() {
         (LOG_LEVEL, "DEBUG"),
         (BACKEND, "mpi"),
         (MPI_THREADS_DISABLE, "yes"),
+        (GPU, "off"),
     ]);
     let expected = Config::default()
         .fusion_threshold(64 << 20)
@@ -63,7 +64,8 @@ fn every_variable_is_read() {
         .stall_shutdown(Some(Duration::from_secs(30)))
         .log_level(LogLevel::Debug)
         .backend(BackendKind::Mpi)
-        .mpi_threads_disable(true);
+        .mpi_threads_disable(true)
+        .gpu(false);
     assert_eq!(config, Ok(expected));
 }
 
@@ -79,6 +81,7 @@ fn a_malformed_value_names_variable_and_value() {
         (LOG_LEVEL, "loud"),
         (BACKEND, "carrier-pigeon"),
         (MPI_THREADS_DISABLE, "2"),
+        (GPU, "sometimes"),
     ] {
         let what = format!("{variable}={value}");
         let (v, got, reason) = config_error(from_map(&[(variable, value)]), &what);

@@ -67,4 +67,5 @@ pub use kolo_nccl::{DeviceElement, NcclOptions};
 pub use plane::{
     NCCL_ALLGATHER, NCCL_ALLREDUCE, NCCL_ALLTOALL, NCCL_BROADCAST, NCCL_REDUCESCATTER,
 };
+pub(crate) use start::start_one;
 pub use start::{run, run_with};

@@ -201,7 +201,7 @@ impl NcclPlane {
             let output = outputs.next().flatten();
             let shape = output.as_ref().map_or(&part.shape, |(_, s)| s);
             timeline.op_end(&part.name, response.dtype.name(), shape);
-            finished.push((part, output.map(|(buf, _)| buf)));
+            finished.push((part, output));
         }
         work.on_complete(move |outcome| {
             for (mut part, output) in finished {

@@ -9,6 +9,7 @@
 //! it — for device tensors, once the GPU is — whatever became of the
 //! handles.
 
+use super::plane::Output;
 use super::tensor::{DeviceArgs, DeviceDone, OnDevice, ReadyEvents};
 use crate::device_tensor::{DeviceTensor, DeviceTensorMut};
 use crate::engine::submission::{Input, Inputs, Submission};
@@ -25,7 +26,7 @@ use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlic
 use kolo_nccl::Untracked;
 use kolo_protocol::{Device, Params, RequestKind};
 use kolo_transport::Element;
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::sync::Arc;
 
 /// One tensor ready to be submitted.
@@ -183,6 +184,25 @@ impl<'scope> Scope<'scope, '_> {
         input: DeviceTensor<'scope, T>,
         splits: &[usize],
     ) -> Result<Handle<'scope, O>, Error> {
+        let tensor = name.to_owned();
+        self.gather_on_device_with(name, kind, input, splits, move |(output, _)| {
+            output
+                .downcast::<O>()
+                .map(|o| *o)
+                .map_err(|_| internal(&tensor, "the engine's output has another type"))
+        })
+    }
+
+    /// [`Scope::gather_on_device`] whose handle turns the engine's output
+    /// and its shape into the result with `finish`.
+    pub(crate) fn gather_on_device_with<T: Element, O>(
+        &self,
+        name: &str,
+        kind: RequestKind,
+        input: DeviceTensor<'scope, T>,
+        splits: &[usize],
+        finish: impl FnOnce(Output) -> Result<O, Error> + Send + 'scope,
+    ) -> Result<Handle<'scope, O>, Error> {
         check_shape(name, &input.shape, input.view.len())?;
         let params = Params {
             device: self.device_of(name, input.view.stream())?,
@@ -192,12 +212,11 @@ impl<'scope> Scope<'scope, '_> {
         let item = self.item(name, params, Some(input.view), None)?;
         let tensor = name.to_owned();
         self.submit_items(vec![item], move |mut outputs| {
-            outputs
+            let output = outputs
                 .pop()
                 .flatten()
-                .and_then(|o| o.downcast::<O>().ok())
-                .map(|o| *o)
-                .ok_or_else(|| internal(&tensor, "the engine's output is missing"))
+                .ok_or_else(|| internal(&tensor, "the engine's output is missing"))?;
+            finish(output)
         })
     }
 
@@ -358,7 +377,7 @@ impl<'scope> Scope<'scope, '_> {
     fn submit_items<T: Element, O>(
         &self,
         items: Vec<Item<T>>,
-        finish: impl FnOnce(Vec<Option<Box<dyn Any + Send>>>) -> Result<O, Error> + Send + 'scope,
+        finish: impl FnOnce(Vec<Option<Output>>) -> Result<O, Error> + Send + 'scope,
     ) -> Result<Handle<'scope, O>, Error> {
         let mut ready = ReadyEvents::default();
         let names: Vec<String> = items.iter().map(|item| item.name.clone()).collect();

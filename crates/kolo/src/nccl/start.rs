@@ -53,6 +53,26 @@ where
     run_ranks(gpus, &config, start, f)
 }
 
+/// A GPU engine of one rank, on GPU 0 (a process started alone, see
+/// [`Kolo::init`]).
+pub(crate) fn start_one(config: Config) -> Result<Kolo, Error> {
+    let comm = kolo_threads::communicators(1)
+        .ok()
+        .and_then(|mut comms| comms.pop())
+        .ok_or_else(|| Error::Start {
+            message: "cannot make a one-rank kolo-threads communicator".into(),
+        })?;
+    let mut options = NcclOptions::default();
+    options.device = Some(0);
+    options.mode = Some(Mode::ThreadPerGpu);
+    Kolo::start_engine(
+        move || with_nccl(comm, options),
+        config,
+        |comm: &mut ThreadComm, message: &str| comm.fail(message),
+        None,
+    )
+}
+
 /// Creates the NCCL communicator over `ctrl` (collective over every rank)
 /// and pairs it with the controller: the engine's backend and device plane.
 pub(crate) fn with_nccl<C: kolo_transport::Controller>(

@@ -7,7 +7,6 @@ use super::ready::ReadyEvent;
 use crate::engine::lease::Lease;
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 use kolo_nccl::Untracked;
-use std::any::Any;
 use std::sync::Arc;
 
 /// The caller's memory the engine works on for one tensor, with the
@@ -56,7 +55,8 @@ impl<T> DeviceArgs<T> {
 /// once the GPU work has completed, so the caller's streams need no event
 /// to wait for.
 pub(crate) struct DeviceDone {
-    pub output: Option<Box<dyn Any + Send>>,
+    /// The buffer the engine allocated, and its shape.
+    pub output: Option<super::plane::Output>,
 }
 
 /// The memory and element type of device tensors lent to the engine by

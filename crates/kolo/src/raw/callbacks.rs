@@ -55,9 +55,8 @@ fn serve(queue: Receiver<Arc<Pending>>) {
             drop(slot);
             if let Some((handle, callback)) = taken {
                 drop(handle);
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    callback(result)
-                }));
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(result)));
                 if let Err(panic) = outcome {
                     tracing::error!(
                         "a kolo completion callback panicked: {}",

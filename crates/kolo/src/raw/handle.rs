@@ -80,10 +80,7 @@ impl RawHandle {
     }
 
     /// Polls as a future does: registers `waker` while in flight.
-    pub(crate) fn poll_with(
-        &mut self,
-        waker: &Waker,
-    ) -> Poll<Result<Option<RawOutput>, Error>> {
+    pub(crate) fn poll_with(&mut self, waker: &Waker) -> Poll<Result<Option<RawOutput>, Error>> {
         let mut context = Context::from_waker(waker);
         match std::future::Future::poll(std::pin::Pin::new(&mut self.handle), &mut context) {
             Poll::Ready(result) => {
@@ -190,14 +187,17 @@ impl RawOutput {
             device,
         } = self;
         // The elements stay where they are: a `Vec` moved keeps its buffer.
-        owner.downcast::<Vec<T>>().map(|v| *v).map_err(|owner| RawOutput {
-            owner,
-            data,
-            dtype,
-            shape,
-            splits,
-            device,
-        })
+        owner
+            .downcast::<Vec<T>>()
+            .map(|v| *v)
+            .map_err(|owner| RawOutput {
+                owner,
+                data,
+                dtype,
+                shape,
+                splits,
+                device,
+            })
     }
 
     /// A host output of `data` with `shape` (and `splits` for an alltoall).

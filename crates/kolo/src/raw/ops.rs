@@ -317,7 +317,7 @@ impl Kolo {
                     }
                 }
                 #[cfg(feature = "nccl")]
-                device => super::device::gather(&scope, name, kind, device, splits, dims)?,
+                device => super::device::gather(&scope, name, kind, device, splits)?,
             };
             // SAFETY: the handle borrows `input`'s memory only.
             Ok(RawHandle { handle: unsafe { unbind(handle) }, keep })

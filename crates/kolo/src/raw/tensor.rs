@@ -65,14 +65,19 @@ impl RawTensor {
         let mut dims = Dims::with_capacity(shape.len());
         for (i, &d) in shape.iter().enumerate() {
             let d = usize::try_from(d).map_err(|_| {
-                invalid(format!("dimension {i} of shape {shape:?} is negative ({d})"))
+                invalid(format!(
+                    "dimension {i} of shape {shape:?} is negative ({d})"
+                ))
             })?;
             dims.push(d);
         }
         let elements = dims
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n.checked_mul(dtype.size()).is_some_and(|b| b <= isize::MAX as usize))
+            .filter(|&n| {
+                n.checked_mul(dtype.size())
+                    .is_some_and(|b| b <= isize::MAX as usize)
+            })
             .ok_or_else(|| {
                 invalid(format!(
                     "shape {shape:?} of {} holds more bytes than memory can",
@@ -191,9 +196,15 @@ mod tests {
         let p = x.as_mut_ptr().cast::<c_void>();
         let host = RawMemory::Host;
         let t = RawTensor::new("t", p, DataType::F32, &[2, 3], host).unwrap();
-        assert_eq!((t.elements(), t.byte_len(), t.shape()), (6, 24, &[2, 3][..]));
+        assert_eq!(
+            (t.elements(), t.byte_len(), t.shape()),
+            (6, 24, &[2, 3][..])
+        );
         let neg = reason(RawTensor::new("t", p, DataType::F32, &[2, -3], host).unwrap_err());
-        assert!(neg.contains("dimension 1 of shape [2, -3] is negative (-3)"), "{neg}");
+        assert!(
+            neg.contains("dimension 1 of shape [2, -3] is negative (-3)"),
+            "{neg}"
+        );
         let null = std::ptr::null_mut();
         let e = reason(RawTensor::new("t", null, DataType::F32, &[4], host).unwrap_err());
         assert!(e.contains("null") && e.contains("4 elements"), "{e}");

@@ -8,8 +8,14 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 fn raw<T>(name: &str, data: &mut [T], dtype: DataType, shape: &[i64]) -> RawTensor {
-    RawTensor::new(name, data.as_mut_ptr().cast(), dtype, shape, RawMemory::Host)
-        .expect("a valid description")
+    RawTensor::new(
+        name,
+        data.as_mut_ptr().cast(),
+        dtype,
+        shape,
+        RawMemory::Host,
+    )
+    .expect("a valid description")
 }
 
 fn flat<T>(name: &str, data: &mut [T], dtype: DataType) -> RawTensor {
@@ -64,12 +70,18 @@ fn group_broadcast_reduce_scatter_allgather_alltoall() {
         let mut send: Vec<u16> = vec![r as u16; 3];
         // SAFETY: every buffer lives, untouched, until its handle is waited for.
         let (gathered, arrived) = unsafe {
-            let tensors = [flat("g0", &mut g0, DataType::I32), flat("g1", &mut g1, DataType::I32)];
-            kolo.allreduce_group_raw(&group, &tensors, ReduceOp::Sum)?.wait()?;
-            kolo.broadcast_raw("b", &flat("b", &mut bcast, DataType::I32), 1)?.wait()?;
+            let tensors = [
+                flat("g0", &mut g0, DataType::I32),
+                flat("g1", &mut g1, DataType::I32),
+            ];
+            kolo.allreduce_group_raw(&group, &tensors, ReduceOp::Sum)?
+                .wait()?;
+            kolo.broadcast_raw("b", &flat("b", &mut bcast, DataType::I32), 1)?
+                .wait()?;
             let input_t = raw("rs", &mut input, DataType::I32, &[2, 3]);
             let out_t = raw("rs", &mut out, DataType::I32, &[1, 3]);
-            kolo.reduce_scatter_raw("rs", &input_t, &out_t, ReduceOp::Sum)?.wait()?;
+            kolo.reduce_scatter_raw("rs", &input_t, &out_t, ReduceOp::Sum)?
+                .wait()?;
             let rows_t = raw("ag", &mut rows, DataType::F64, &[r as i64 + 1, 2]);
             let gathered = kolo.allgather_raw("ag", &rows_t)?.wait()?;
             let send_t = flat("a2a", &mut send, DataType::U16);
@@ -86,8 +98,14 @@ fn group_broadcast_reduce_scatter_allgather_alltoall() {
         let want: Vec<i32> = (0..3).map(|i| 2 * (rank as i32 * 3 + i) + 1).collect();
         assert_eq!(out, want);
         let gathered = gathered.expect("an allgather has an output");
-        assert_eq!((gathered.dtype(), gathered.shape()), (DataType::F64, &[3, 2][..]));
-        assert_eq!(gathered.into_vec::<f64>().unwrap(), [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(
+            (gathered.dtype(), gathered.shape()),
+            (DataType::F64, &[3, 2][..])
+        );
+        assert_eq!(
+            gathered.into_vec::<f64>().unwrap(),
+            [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+        );
         let arrived = arrived.expect("an alltoall has an output");
         let splits = if rank == 0 { [1, 2] } else { [2, 1] };
         assert_eq!(arrived.splits(), splits);
@@ -108,14 +126,18 @@ fn callbacks_poll_and_timeouts_report_the_same_result() {
         unsafe {
             let h = kolo.allreduce_raw("x", &flat("x", &mut x, DataType::F64), ReduceOp::Sum)?;
             h.on_complete(move |result| tx.send(result.map(|o| o.is_none())).unwrap());
-            let mut h = kolo.allreduce_raw("y", &flat("y", &mut y, DataType::F64), ReduceOp::Sum)?;
+            let mut h =
+                kolo.allreduce_raw("y", &flat("y", &mut y, DataType::F64), ReduceOp::Sum)?;
             let got = loop {
                 if let Some(got) = h.wait_timeout(Duration::from_millis(1)) {
                     break got;
                 }
             };
             assert!(got?.is_none());
-            assert!(h.poll().is_some_and(|r| r.is_err()), "spent after its result");
+            assert!(
+                h.poll().is_some_and(|r| r.is_err()),
+                "spent after its result"
+            );
         }
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)).unwrap(), Ok(true));
         assert_eq!((x, y), (vec![2.0; 3], vec![4.0; 3]));
@@ -132,7 +154,10 @@ fn a_mismatch_fails_every_rank_naming_the_tensor_and_the_next_call_works() {
         // SAFETY: the buffers live until their handles are waited for.
         unsafe {
             let t = flat("w", &mut bad, DataType::F32);
-            let err = kolo.allreduce_raw("w", &t, ReduceOp::Sum)?.wait().unwrap_err();
+            let err = kolo
+                .allreduce_raw("w", &t, ReduceOp::Sum)?
+                .wait()
+                .unwrap_err();
             let t = flat("ok", &mut good, DataType::F32);
             kolo.allreduce_raw("ok", &t, ReduceOp::Sum)?.wait()?;
             Ok((err, bad, good))
@@ -142,7 +167,10 @@ fn a_mismatch_fails_every_rank_naming_the_tensor_and_the_next_call_works() {
     for (rank, (err, bad, good)) in results.into_iter().enumerate() {
         let text = err.to_string();
         assert!(matches!(err, Error::Mismatch { .. }), "{text}");
-        assert!(text.contains('w') && text.contains("[3]") && text.contains("[4]"), "{text}");
+        assert!(
+            text.contains('w') && text.contains("[3]") && text.contains("[4]"),
+            "{text}"
+        );
         assert_eq!(bad, vec![1.0; 3 + rank], "a refused tensor is untouched");
         assert_eq!(good, [2.0; 2]);
     }
@@ -155,17 +183,37 @@ fn refusals_before_submission_name_tensor_and_values() {
         let t = flat("flags", &mut bools, DataType::Bool);
         // SAFETY: `bools` lives through the call (refused at submission).
         let e = unsafe { kolo.allreduce_raw("flags", &t, ReduceOp::Max) }.unwrap_err();
-        assert!(e.to_string().contains("element 1 of a bool tensor is the byte 2"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("element 1 of a bool tensor is the byte 2"),
+            "{e}"
+        );
         let (mut a, mut b) = ([0f32; 2], [0f64; 2]);
         let group = TensorGroup::new(["a", "b"])?;
-        let tensors = [flat("a", &mut a, DataType::F32), flat("b", &mut b, DataType::F64)];
+        let tensors = [
+            flat("a", &mut a, DataType::F32),
+            flat("b", &mut b, DataType::F64),
+        ];
         // SAFETY: the buffers live through the call (refused at submission).
         let e = unsafe { kolo.allreduce_group_raw(&group, &tensors, ReduceOp::Sum) }.unwrap_err();
         assert_eq!(e.tensor(), Some("b"));
-        assert!(e.to_string().contains("it is f64, but the group's first tensor is f32"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("it is f64, but the group's first tensor is f32"),
+            "{e}"
+        );
         let mut dev = [0f32; 2];
-        let cuda = RawMemory::Cuda { device: 0, stream: 0 };
-        let t = RawTensor::new("d", dev.as_mut_ptr().cast::<c_void>(), DataType::F32, &[2], cuda)?;
+        let cuda = RawMemory::Cuda {
+            device: 0,
+            stream: 0,
+        };
+        let t = RawTensor::new(
+            "d",
+            dev.as_mut_ptr().cast::<c_void>(),
+            DataType::F32,
+            &[2],
+            cuda,
+        )?;
         // SAFETY: refused before any access (no GPU engine).
         let e = unsafe { kolo.allreduce_raw("d", &t, ReduceOp::Sum) }.unwrap_err();
         assert_eq!(e.tensor(), Some("d"));

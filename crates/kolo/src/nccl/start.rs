@@ -62,9 +62,11 @@ pub(crate) fn start_one(config: Config) -> Result<Kolo, Error> {
         .ok_or_else(|| Error::Start {
             message: "cannot make a one-rank kolo-threads communicator".into(),
         })?;
-    let mut options = NcclOptions::default();
-    options.device = Some(0);
-    options.mode = Some(Mode::ThreadPerGpu);
+    let options = NcclOptions {
+        device: Some(0),
+        mode: Some(Mode::ThreadPerGpu),
+        ..NcclOptions::default()
+    };
     Kolo::start_engine(
         move || with_nccl(comm, options),
         config,

@@ -2,9 +2,11 @@
 //!
 //! - `cargo xtask test`: installs what the tests need (scripts/install-deps.sh),
 //!   formatting, clippy with every feature, every test of the workspace with
-//!   every feature (the MPI ones under a real mpirun), and a check of the
+//!   every feature (the MPI ones under a real mpirun), the Python package's
+//!   pytest suite against its wheel (`python/tests`), and a check of the
 //!   facade's default build (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
+//! - `cargo xtask test-python`: only the Python package's part of `test`.
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
 //! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks,
 //!   kolo-pipeline's NCCL checks and kolo-bench, built into `gpu-dist/` with
@@ -17,6 +19,7 @@ use std::process::Command;
 
 mod bench;
 mod gpu;
+mod python;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,8 +28,9 @@ fn main() -> Result<()> {
         Some("test") | Some("ci") => test(&root),
         Some("bench") => bench::bench(&root, &args[1..]),
         Some("test-gpu") => gpu::test_gpu(&root),
+        Some("test-python") => python::test_python(&root),
         _ => {
-            eprintln!("usage: cargo xtask <test|ci|bench|test-gpu>");
+            eprintln!("usage: cargo xtask <test|ci|bench|test-gpu|test-python>");
             std::process::exit(2);
         }
     }
@@ -89,6 +93,8 @@ fn test(root: &Path) -> Result<()> {
     // pipeline run under a real mpirun; the GPU binaries build and report
     // that there is no GPU (they run on GPU hosts through `test-gpu`).
     cargo(root, &["test", "--workspace", "--all-features"])?;
+    // The Python package against its built wheel (numpy, torch on CPU).
+    python::test_python(root)?;
     // And the default build of the facade, which must need no system
     // library (`cargo add kolo` just works).
     cargo(root, &["check", "-p", "kolo", "--all-targets"])?;

@@ -1,0 +1,131 @@
+"""The numpy API on every rank of a job: results, errors on every rank,
+and the next call working after an error. Prints "rank R of N: ok"."""
+
+import threading
+
+import numpy as np
+
+import kolo
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(f"rank {kolo.rank()}: {what}")
+
+
+def main():
+    kolo.init()
+    r, n = kolo.rank(), kolo.size()
+    check(kolo.local_size() == n and kolo.local_rank() == r, "local rank and size on one host")
+
+    # Allreduce in place, every op, several dtypes.
+    for dtype in (np.float32, np.float64, np.int32, np.int64, np.float16, np.uint8):
+        a = np.full(7, r + 1, dtype=dtype)
+        out = kolo.allreduce(a, op=kolo.Sum, name=f"sum.{np.dtype(dtype).name}")
+        check(out is a, "allreduce returns the array it reduced in place")
+        check((a == n * (n + 1) // 2).all(), f"sum {np.dtype(dtype).name}: {a}")
+    a = np.full((2, 3), float(r), dtype=np.float64)
+    kolo.allreduce(a, op=kolo.Average)
+    check(np.allclose(a, (n - 1) / 2), f"average: {a}")
+    a = np.array([r, -r], dtype=np.int64)
+    kolo.allreduce(a, op=kolo.Max)
+    check(list(a) == [n - 1, 0], f"max: {a}")
+    a = np.array([r + 1.0], dtype=np.float32)
+    kolo.allreduce(a, op=kolo.Min, prescale_factor=2.0, postscale_factor=0.5)
+    check(a[0] == 1.0, f"min with scales: {a}")
+    flags = np.array([r == 0, True], dtype=np.bool_)
+    kolo.allreduce(flags, op=kolo.Min)
+    check(list(flags) == [n == 1, True], f"bool min: {flags}")
+
+    # Async, poll, synchronize; a fused group.
+    arrays = [np.full(1000, float(r + i), dtype=np.float32) for i in range(8)]
+    handles = [kolo.allreduce_async(x, op=kolo.Sum, name=f"async.{i}") for i, x in enumerate(arrays)]
+    check(all(isinstance(kolo.poll(h), bool) for h in handles), "poll answers")
+    for i, h in enumerate(handles):
+        check(kolo.synchronize(h) is arrays[i], "synchronize returns the array")
+        check((arrays[i] == sum(q + i for q in range(n))).all(), f"async sum {i}")
+    group = [np.full(5, float(r), dtype=np.float32), np.full(3, 1.0, dtype=np.float32)]
+    kolo.grouped_allreduce(group, op=kolo.Sum, names=["group.a", "group.b"])
+    check((group[0] == n * (n - 1) / 2).all() and (group[1] == n).all(), f"group: {group}")
+
+    # The other collectives.
+    b = np.full(4, float(r), dtype=np.float64)
+    kolo.broadcast(b, root_rank=n - 1, name="bcast")
+    check((b == n - 1).all(), f"broadcast: {b}")
+    rows = np.full((r + 1, 2), r, dtype=np.int32)
+    gathered = kolo.allgather(rows, name="gather")
+    check(gathered.shape == (n * (n + 1) // 2, 2), f"allgather shape {gathered.shape}")
+    check(list(gathered[:, 0]) == [q for q in range(n) for _ in range(q + 1)], "allgather rows")
+    full = np.arange(2 * n, dtype=np.float32)
+    mine = kolo.reduce_scatter(full, op=kolo.Sum, name="rs")
+    check(list(mine) == [2 * r * n, (2 * r + 1) * n], f"reduce_scatter: {mine}")
+    send = np.array([10 * r + p for p in range(n)], dtype=np.int16)
+    received, splits = kolo.alltoall(send, name="a2a")
+    check(list(received) == [10 * p + r for p in range(n)] and list(splits) == [1] * n, "alltoall")
+    kolo.barrier()
+
+    # A mismatch raises on every rank, and the next call works.
+    try:
+        kolo.allreduce(np.zeros(3 + r, dtype=np.float32), name="mismatched")
+        check(n == 1, "a shape mismatch must raise")
+    except kolo.MismatchError as e:
+        check("mismatched" in str(e) and "shape" in str(e), f"the mismatch names tensor and shapes: {e}")
+    try:
+        kolo.allreduce(np.zeros(2, dtype=np.float32 if r == 0 else np.float64), name="dtypes")
+        check(n == 1, "a dtype mismatch must raise")
+    except kolo.MismatchError as e:
+        check("dtypes" in str(e), f"{e}")
+    after = np.ones(3, dtype=np.float32)
+    kolo.allreduce(after, name="after")
+    check((after == n).all(), "the call after a mismatch works")
+
+    # Bad input: clear errors before anything is submitted, on this rank.
+    bad = [
+        (np.zeros(3, dtype=np.uint32), "data type"),
+        (np.zeros((4, 4), dtype=np.float32)[:, 1], "not contiguous"),
+        ([1.0, 2.0], "neither a buffer"),
+    ]
+    for value, words in bad:
+        try:
+            kolo.allreduce(value, name="bad")
+            check(False, f"{words}: must raise")
+        except kolo.InvalidArgumentError as e:
+            check(words in str(e) and "bad" in str(e), f"{words}: {e}")
+    frozen = np.zeros(3, dtype=np.float32)
+    frozen.flags.writeable = False
+    try:
+        kolo.allreduce(frozen, name="frozen")
+        check(False, "read-only must raise")
+    except ValueError as e:
+        check("read-only" in str(e), f"{e}")
+    check(len(kolo.allgather(frozen, name="frozen.gather")) == 3 * n, "a read-only input may be gathered")
+
+    # Threads submit concurrently; the GIL is released while waiting.
+    results = {}
+
+    def worker(i):
+        x = np.full(64, float(i), dtype=np.float32)
+        kolo.allreduce(x, name=f"thread.{i}")
+        results[i] = x[0]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    check(results == {i: float(i * n) for i in range(4)}, f"threads: {results}")
+
+    last = kolo.join()
+    check(0 <= last < n, f"join: {last}")
+    kolo.shutdown()
+    check(not kolo.is_initialized(), "shut down")
+    try:
+        kolo.rank()
+        check(False, "rank() after shutdown must raise")
+    except kolo.NotInitializedError:
+        pass
+    print(f"rank {r} of {n}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,8 @@ set -euo pipefail
 # (OpenMPI: mpirun, mpicc, headers) and libclang for rsmpi's bindgen;
 # kolo-ucx needs UCX's headers and pkg-config file (and libclang for its
 # own bindgen) to build, and UCX's libraries to run.
-needed=(openmpi-bin libopenmpi-dev libclang-dev clang libucx-dev pkg-config)
+# The Python package's tests need a Python with venv and pip.
+needed=(openmpi-bin libopenmpi-dev libclang-dev clang libucx-dev pkg-config python3-venv python3-pip)
 
 missing=()
 for pkg in "${needed[@]+"${needed[@]}"}"; do

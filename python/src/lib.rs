@@ -29,7 +29,7 @@ pub(crate) fn engine(py: Python<'_>) -> PyResult<Arc<Kolo>> {
 /// Starts this process's engine as the environment says (`KOLO_*`; the
 /// launcher's variables pick the backend: torchrun's or kolo-run's over
 /// UCX, mpirun's over MPI, a process alone on threads; a GPU engine where
-/// the local rank has a GPU). A second call while it runs does nothing.
+/// the host has a GPU for each of its ranks). A second call while it runs does nothing.
 #[pyfunction]
 fn init(py: Python<'_>) -> PyResult<()> {
     if ENGINE.read().is_some() {

@@ -14,17 +14,35 @@ from conftest import EXAMPLES, WORKERS, assert_all_ok, run_job
 
 torch = pytest.importorskip("torch")
 
-CUDA = ["--cuda"] if os.environ.get("KOLO_TEST_CUDA") == "1" else []
+EXAMPLES_ = ["train_torch.py", "train_ddp.py"]
+
+# CUDA tensors where the run asks for them (`cargo xtask test-gpu`): one
+# process per GPU, so a job of 1 and one of every GPU.
+GPUS = torch.cuda.device_count() if os.environ.get("KOLO_TEST_CUDA") == "1" else 0
+CUDA_RANKS = sorted({1, GPUS}) if GPUS else []
 
 
 def test_torch_api_and_backend(ranks):
-    assert_all_ok(run_job(ranks, WORKERS / "torch_checks.py", *CUDA), ranks)
+    assert_all_ok(run_job(ranks, WORKERS / "torch_checks.py"), ranks)
 
 
-@pytest.mark.parametrize("example", ["train_torch.py", "train_ddp.py"])
+@pytest.mark.parametrize("example", EXAMPLES_)
 def test_example_under_kolo_run(ranks, example):
-    device = ["--device", "cuda"] if CUDA else ["--device", "cpu"]
-    results = run_job(ranks, EXAMPLES / example, *device)
+    check_example(run_job(ranks, EXAMPLES / example, "--device", "cpu"), ranks)
+
+
+@pytest.mark.parametrize("gpus", CUDA_RANKS)
+def test_torch_api_and_backend_on_cuda(gpus):
+    assert_all_ok(run_job(gpus, WORKERS / "torch_checks.py", "--cuda"), gpus)
+
+
+@pytest.mark.parametrize("gpus", CUDA_RANKS)
+@pytest.mark.parametrize("example", EXAMPLES_)
+def test_example_on_cuda(gpus, example):
+    check_example(run_job(gpus, EXAMPLES / example, "--device", "cuda"), gpus)
+
+
+def check_example(results, ranks):
     assert_all_ok(results, ranks)
     # Every rank saw the same averaged losses.
     losses = {stdout.split("loss", 1)[1].strip() for _, _, stdout, _ in results}

@@ -175,6 +175,7 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
     }
     let scripts = copy_scripts(&root.join("xtask/gpu"), &dist)?;
     total += scripts;
+    total += crate::python::gpu_dist(root, &dist)?;
     eprintln!(
         "xtask: {} ({} MiB): {}",
         dist.display(),
@@ -198,12 +199,18 @@ pub(crate) fn test_gpu(root: &Path) -> Result<()> {
         .unwrap_or(false);
     if !gpu_here {
         eprintln!(
-            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables (nccl_bench) at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
+            "xtask: no GPU here (nvidia-smi failed). Copy {} to a GPU host (CUDA driver, NCCL 2.18+, OpenMPI) and run:\n    BENCH=1 bash gpu-dist/run.sh            # checks and bench tables (nccl_bench) at 1, 2 and all visible GPUs (GPUS=N to choose), both modes\n    BENCH=1 bash gpu-dist/run-engine.sh     # the engine with GPU tensors\n    bash gpu-dist/run-pipeline.sh           # pipeline NCCL channels, threads and mpirun\n    BENCH=1 bash gpu-dist/run-python.sh     # the Python package with CUDA tensors, and against torch.distributed
+    # logs, JSON bench rows and summary.txt in ${{OUT:-./gpu-out}}; without BENCH=1 only the checks",
             dist.display()
         );
         return Ok(());
     }
-    for script in ["run.sh", "run-engine.sh", "run-pipeline.sh"] {
+    for script in [
+        "run.sh",
+        "run-engine.sh",
+        "run-pipeline.sh",
+        "run-python.sh",
+    ] {
         let status = Command::new("bash")
             .arg(script)
             .current_dir(&dist)

@@ -103,3 +103,75 @@ pub(crate) fn test_python(root: &Path) -> Result<()> {
         &[("OMP_NUM_THREADS", "1")],
     )
 }
+
+/// Puts the Python package in `dist` for a GPU host without network: the
+/// release wheel and pytest's wheels in `wheels/`, the tests, examples
+/// and benchmark beside them (run by `run-python.sh`); their size.
+pub(crate) fn gpu_dist(root: &Path, dist: &Path) -> Result<u64> {
+    let python = venv(root, false)?;
+    let wheels = dist.join("wheels");
+    wheel(root, &python, "release", &wheels)?;
+    let wheels_arg = wheels.to_string_lossy().into_owned();
+    run(
+        root,
+        &python,
+        &[
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "-d",
+            &wheels_arg,
+            "pytest>=7",
+        ],
+        &[],
+    )?;
+    for (from, to) in [
+        ("python/tests", "python/tests"),
+        ("python/examples", "python/examples"),
+        ("benches/python", "benches/python"),
+    ] {
+        copy_tree(&root.join(from), &dist.join(to))?;
+    }
+    let mut total = 0;
+    for part in ["wheels", "python", "benches"] {
+        for file in walk(&dist.join(part))? {
+            total += std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// Copies the files of `from` (recursively, skipping `__pycache__`) to `to`.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default();
+        if name == "__pycache__" {
+            continue;
+        }
+        if path.is_dir() {
+            copy_tree(&path, &to.join(name))?;
+        } else {
+            std::fs::copy(&path, to.join(name))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            files.extend(walk(&path)?);
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}

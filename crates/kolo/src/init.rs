@@ -78,9 +78,10 @@ impl Kolo {
     /// `kolo-run`, Kubeflow, Ray) join the job over UCX (the `ucx`
     /// feature), mpirun's over MPI (`mpi`), and a process started alone is
     /// a job of one rank on kolo-threads. With the `nccl` feature and
-    /// [`Config::gpu`] on (`KOLO_GPU`, default), a process whose local
-    /// rank has a GPU starts the GPU engine on it (device tensors through
-    /// NCCL; every rank of a job must have one). A backend that was not
+    /// [`Config::gpu`] on (`KOLO_GPU`, default), the ranks of a host with
+    /// a GPU for each of them start the GPU engine, each on its local
+    /// rank's GPU (device tensors through NCCL); with fewer GPUs than
+    /// ranks they all stay on the host. A backend that was not
     /// built is an [`Error::Start`] naming the feature.
     pub fn init(config: Config) -> Result<Kolo, Error> {
         config.validate()?;
@@ -102,19 +103,15 @@ fn start_alone(config: Config) -> Result<Kolo, Error> {
     if config.gpu && gpus() > 0 {
         return crate::nccl::start_one(config);
     }
-    let comm = kolo_threads::communicators(1)
-        .ok()
-        .and_then(|mut comms| comms.pop())
-        .ok_or_else(|| Error::Start {
-            message: "cannot make a one-rank kolo-threads communicator".into(),
-        })?;
+    let comm = crate::threads::lone_comm()?;
     Kolo::start_with_abort(comm, config, |comm, message| comm.fail(message))
 }
 
 #[cfg(feature = "mpi")]
 fn start_mpi(config: Config) -> Result<Kolo, Error> {
     #[cfg(feature = "nccl")]
-    if config.gpu && gpus() > local_rank(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"]) {
+    if config.gpu && every_local_rank_has_a_gpu(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"])
+    {
         return Kolo::init_nccl_mpi(config);
     }
     Kolo::init_mpi(config)
@@ -128,7 +125,7 @@ fn start_mpi(_: Config) -> Result<Kolo, Error> {
 #[cfg(feature = "ucx")]
 fn start_ucx(config: Config) -> Result<Kolo, Error> {
     #[cfg(feature = "nccl")]
-    if config.gpu && gpus() > local_rank(&["KOLO_LOCAL_RANK", "LOCAL_RANK"]) {
+    if config.gpu && every_local_rank_has_a_gpu(&["KOLO_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE"]) {
         return Kolo::init_nccl_ucx(config);
     }
     Kolo::init_ucx(config)
@@ -153,14 +150,19 @@ fn gpus() -> usize {
     kolo_nccl::probe::platform().map_or(0, |p| p.devices)
 }
 
-/// This process's local rank as the first of `names` gives it (0 if none).
+/// True when this host has a GPU for each of its ranks (their number as
+/// the first of `names` gives it; 1 if none). Every rank of a host decides
+/// alike, so a job never mixes GPU and host engines: with fewer GPUs than
+/// ranks (two processes on one GPU, which NCCL refuses) all run on the host.
 #[cfg(feature = "nccl")]
 #[cfg_attr(not(any(feature = "mpi", feature = "ucx")), allow(dead_code))]
-fn local_rank(names: &[&str]) -> usize {
-    names
+fn every_local_rank_has_a_gpu(names: &[&str]) -> bool {
+    let local_size = names
         .iter()
         .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
-        .unwrap_or(0)
+        .unwrap_or(1usize);
+    let gpus = gpus();
+    gpus > 0 && gpus >= local_size
 }
 
 #[cfg(test)]

@@ -249,6 +249,16 @@ fn panicked(message: &str) -> Error {
     }
 }
 
+/// The communicator of a job of one rank (a process started alone).
+pub(crate) fn lone_comm() -> Result<ThreadComm, Error> {
+    kolo_threads::communicators(1)
+        .ok()
+        .and_then(|mut comms| comms.pop())
+        .ok_or_else(|| Error::Start {
+            message: "cannot make a one-rank kolo-threads communicator".into(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,10 +125,13 @@ def backend(device):
 
 
 def main():
-    devices = [torch.device("cpu")]
-    if "--cuda" in sys.argv and torch.cuda.is_available():
-        devices.append(torch.device("cuda", 0))
     dist.init_process_group("kolo")
+    devices = [torch.device("cpu")]
+    if "--cuda" in sys.argv:
+        check(torch.cuda.is_available(), "--cuda without a GPU")
+        gpu = torch.device("cuda", hvd.local_rank())
+        torch.cuda.set_device(gpu)
+        devices.append(gpu)
     for device in devices:
         horovod_api(device)
         optimizer_state(device)

@@ -105,7 +105,7 @@ pub struct Config {
     pub mpi_threads_disable: bool,
     /// [`crate::Kolo::init`] starts the GPU engine (device tensors through
     /// NCCL) where kolo is built with the `nccl` feature and this
-    /// process's local rank has a GPU (on); off keeps it to the host.
+    /// process's host has a GPU for each of its ranks (on); off keeps it to the host.
     pub gpu: bool,
 }
 

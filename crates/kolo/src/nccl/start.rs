@@ -56,12 +56,7 @@ where
 /// A GPU engine of one rank, on GPU 0 (a process started alone, see
 /// [`Kolo::init`]).
 pub(crate) fn start_one(config: Config) -> Result<Kolo, Error> {
-    let comm = kolo_threads::communicators(1)
-        .ok()
-        .and_then(|mut comms| comms.pop())
-        .ok_or_else(|| Error::Start {
-            message: "cannot make a one-rank kolo-threads communicator".into(),
-        })?;
+    let comm = crate::threads::lone_comm()?;
     let options = NcclOptions {
         device: Some(0),
         mode: Some(Mode::ThreadPerGpu),

@@ -7,6 +7,11 @@
 //!   facade's default build (what CI runs).
 //! - `cargo xtask ci`: the same as `test`.
 //! - `cargo xtask test-python`: only the Python package's part of `test`.
+//! - `cargo xtask fuzz [--seconds S | --runs N]`: the cargo-fuzz targets of
+//!   `fuzz/` (20 seconds each run in `test`).
+//! - `cargo xtask soak [--seconds S]`: random checked operations through
+//!   the engine on 8 thread ranks and 4 UCX processes (30 seconds each in
+//!   `test`).
 //! - `cargo xtask bench`: the benchmark sweeps recorded in docs/PERFORMANCE.md.
 //! - `cargo xtask test-gpu`: kolo-nccl's GPU checks, kolo's GPU engine checks,
 //!   kolo-pipeline's NCCL checks and kolo-bench, built into `gpu-dist/` with
@@ -18,8 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod bench;
+mod fuzz;
 mod gpu;
 mod python;
+mod soak;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,8 +36,10 @@ fn main() -> Result<()> {
         Some("bench") => bench::bench(&root, &args[1..]),
         Some("test-gpu") => gpu::test_gpu(&root),
         Some("test-python") => python::test_python(&root),
+        Some("fuzz") => fuzz::fuzz_command(&root, &args[1..]),
+        Some("soak") => soak::soak_command(&root, &args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test|ci|bench|test-gpu|test-python>");
+            eprintln!("usage: cargo xtask <test|ci|bench|test-gpu|test-python|fuzz|soak>");
             std::process::exit(2);
         }
     }
@@ -95,6 +104,11 @@ fn test(root: &Path) -> Result<()> {
     cargo(root, &["test", "--workspace", "--all-features"])?;
     // The Python package against its built wheel (numpy, torch on CPU).
     python::test_python(root)?;
+    // The soak: random operations, every result checked, with the
+    // binaries the test build made (kolo-soak and kolo-run).
+    soak::soak(&root.join("target/debug"), 30)?;
+    // A bounded run of each fuzz target (the long runs: `cargo xtask fuzz`).
+    fuzz::fuzz(root, &fuzz::Bound::Seconds(20))?;
     // And the default build of the facade, which must need no system
     // library (`cargo add kolo` just works).
     cargo(root, &["check", "-p", "kolo", "--all-targets"])?;

@@ -49,6 +49,7 @@ pub mod reference;
 pub mod report;
 pub mod row;
 pub mod size;
+pub mod soak;
 pub mod stats;
 
 pub use error::BenchError;

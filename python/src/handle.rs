@@ -63,15 +63,12 @@ impl Handle {
 
 /// Waits for `raw` with the GIL released; the result, or `None` when
 /// `timeout` passed first.
-pub(crate) fn wait_detached(
+fn wait_detached_for(
     py: Python<'_>,
     raw: &mut RawHandle,
     timeout: Option<Duration>,
 ) -> Option<Result<Option<RawOutput>, kolo::Error>> {
-    py.detach(|| match timeout {
-        Some(t) => raw.wait_timeout(t),
-        None => raw.wait_timeout(Duration::MAX),
-    })
+    py.detach(|| raw.wait_timeout(timeout.unwrap_or(Duration::MAX)))
 }
 
 #[pymethods]
@@ -116,7 +113,7 @@ impl Handle {
             }
         };
         if let Some((mut raw, held)) = taken {
-            let result = wait_detached(py, &mut raw, bound);
+            let result = wait_detached_for(py, &mut raw, bound);
             let mut state = self.state.lock();
             match result {
                 Some(result) => {

@@ -5,7 +5,7 @@
 
 use crate::engine;
 use crate::errors::raise;
-use crate::handle::{wait_detached, Handle, Output};
+use crate::handle::{Handle, Output};
 use crate::intake::{intake, Held, Intake};
 use kolo::raw::RawHandle;
 use kolo::{Kolo, ReduceOp, ReduceOptions, TensorGroup};
@@ -18,7 +18,8 @@ struct Submitted {
     held: Vec<Held>,
 }
 
-/// Submits through `submit` (the engine's raw call) what `intakes` hold.
+/// Submits through `submit` (the engine's raw call), keeping `held` (what
+/// the tensors' memory needs) with the handle.
 fn submit(
     py: Python<'_>,
     held: Vec<Held>,
@@ -31,12 +32,8 @@ fn submit(
 
 /// Waits for `submitted` (GIL released): its output, if any.
 fn finish(py: Python<'_>, submitted: Submitted) -> PyResult<Option<Py<Output>>> {
-    let Submitted { mut raw, held } = submitted;
-    let result = wait_detached(py, &mut raw, None).unwrap_or_else(|| {
-        Err(kolo::Error::Start {
-            message: "an unbounded wait returned early".into(),
-        })
-    });
+    let Submitted { raw, held } = submitted;
+    let result = py.detach(|| raw.wait());
     drop(held);
     match result {
         Ok(Some(output)) => Ok(Some(Py::new(py, Output::from_raw(output))?)),

@@ -100,10 +100,21 @@ impl LaunchVars {
             None => DEFAULT_PORT,
             Some((variable, value)) => {
                 let port = number((variable.clone(), value.clone()), u16::MAX as usize)?;
+                // torchrun's agent serves its own store on MASTER_PORT
+                // (TORCHELASTIC_USE_AGENT_STORE): kolo's listens on the
+                // next port, unless KOLO_MASTER_PORT names one.
+                let agent_store = lookup("TORCHELASTIC_USE_AGENT_STORE")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                let port = if agent_store && variable == "MASTER_PORT" {
+                    port + 1
+                } else {
+                    port
+                };
                 u16::try_from(port).map_err(|_| RendezvousError::Config {
                     variable,
                     value,
-                    reason: "not a port".into(),
+                    reason: "not a port (torchrun's agent holds MASTER_PORT; kolo takes the next)"
+                        .into(),
                 })?
             }
         };
@@ -214,6 +225,15 @@ mod tests {
         assert_eq!(v.store_address(), "10.0.0.1:29400");
         assert_eq!(v.token, None);
         assert_eq!(v.timeout, DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn under_torchruns_agent_store_the_next_port_is_kolos() {
+        let mut pairs = TORCHRUN.to_vec();
+        pairs.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
+        assert_eq!(vars(&pairs).unwrap().master_port, 29401);
+        pairs.push(("KOLO_MASTER_PORT", "31000"));
+        assert_eq!(vars(&pairs).unwrap().master_port, 31000);
     }
 
     #[test]

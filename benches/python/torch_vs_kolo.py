@@ -44,6 +44,8 @@ def model(device):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reps", type=float, default=1.0, help="scales each case's calls per round")
+    parser.add_argument("--cases", default="allreduce_8B_us,allreduce_256MiB_ms,train_step_ms")
     args = parser.parse_args()
 
     hvd.init()
@@ -85,6 +87,9 @@ def main():
         "train_step_ms": (lambda: step(net_kolo, opt_kolo), lambda: step(ddp, opt_ddp), 20, 1e3),
     }
     for name, (k, t, reps, scale) in cases.items():
+        if name not in args.cases.split(","):
+            continue
+        reps = max(1, int(reps * args.reps))
         k(), t()  # warm up: negotiation cache, NCCL channels, cuBLAS
         ks, ts = [], []
         for _ in range(args.rounds):

@@ -116,8 +116,18 @@ fn harness(exe: &Path) -> Vec<Verdict> {
     for (name, np, fault) in FAILURES {
         jobs.push(launcher_job(name, np).args(["--fail", &format!("{fault:?}")]));
     }
+    // MPMD: one rank of kolo beside a process that exits 0 without ever
+    // initialising MPI (`mpirun -np 1 kolo : -np 1 /bin/true`).
+    jobs.push(
+        launcher_job(NEVER_INITIALISED, 1)
+            .env("KOLO_START_TIMEOUT", "3")
+            .args(["--start", ":", "-np", "1", "/bin/true"]),
+    );
     let mut lines: HashMap<String, Vec<CaseLine>> = HashMap::new();
     let mut verdicts = launcher::run_jobs(exe, &jobs, |job, result| {
+        if job.name == NEVER_INITIALISED {
+            return vec![start_bound_verdict(result)];
+        }
         let Some(suite_job) = suite.iter().find(|s| s.name == job.name) else {
             return vec![failure_verdict(&job.name, 1, result)];
         };
@@ -176,6 +186,27 @@ fn harness(exe: &Path) -> Vec<Verdict> {
     verdicts
 }
 
+/// The job of a peer that never initialises MPI.
+const NEVER_INITIALISED: &str = "peer_never_initialises_mpi";
+
+/// Its verdict: the kolo rank's start fails (KOLO_START_TIMEOUT) instead
+/// of hanging in `MPI_Init`, and `mpirun` exits non-zero.
+fn start_bound_verdict(result: &Result<Output, String>) -> Verdict {
+    let name = format!("{NEVER_INITIALISED}::the_start_fails_within_its_bound");
+    let failure = match result {
+        Err(why) => Some(why.clone()),
+        Ok(output) if output.status.success() => {
+            Some(format!("mpirun exited 0\n{}", streams(output)))
+        }
+        Ok(output) if !streams(output).contains("KOLO_START_TIMEOUT") => Some(format!(
+            "the output does not name KOLO_START_TIMEOUT\n{}",
+            streams(output)
+        )),
+        Ok(_) => None,
+    };
+    Verdict::new(name, failure)
+}
+
 /// The verdict of a failure job: `mpirun` must exit non-zero (before the
 /// harness's timeout) and the output must name the failed rank.
 fn failure_verdict(job: &str, rank: usize, result: &Result<Output, String>) -> Verdict {
@@ -195,10 +226,18 @@ fn failure_verdict(job: &str, rank: usize, result: &Result<Output, String>) -> V
     Verdict::new(name, failure)
 }
 
-/// One rank of a job: `--job NAME --dir DIR` (a suite job) or `--fail
-/// Panic|Exit` (a failure job).
+/// One rank of a job: `--job NAME --dir DIR` (a suite job), `--fail
+/// Panic|Exit` (a failure job) or `--start` (beside a peer that never
+/// initialises MPI).
 fn rank_main(args: &[String]) -> Result<(), String> {
     let config = Config::from_env().map_err(|e| format!("KOLO_* settings: {e}"))?;
+    if args.iter().any(|a| a == "--start") {
+        // A peer that never initialises MPI: the start must fail.
+        return match Kolo::init_mpi(config) {
+            Ok(_) => Err("Kolo::init_mpi started without its peer".into()),
+            Err(e) => Err(format!("Kolo::init_mpi: {e}")),
+        };
+    }
     if let Some(fault) = launcher::flag_value(args, "--fail") {
         let fault = match fault {
             "Panic" => Fault::Panic,

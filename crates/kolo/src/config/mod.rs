@@ -42,9 +42,11 @@ pub const BACKEND: &str = "KOLO_BACKEND";
 pub const MPI_THREADS_DISABLE: &str = "KOLO_MPI_THREADS_DISABLE";
 /// Whether [`crate::Kolo::init`] may start a GPU engine: [`Config::gpu`].
 pub const GPU: &str = "KOLO_GPU";
+/// The bound on an engine's start in seconds: [`Config::start_timeout`].
+pub const START_TIMEOUT: &str = "KOLO_START_TIMEOUT";
 
 /// Every variable [`Config::from_env`] reads.
-pub const VARIABLES: [&str; 11] = [
+pub const VARIABLES: [&str; 12] = [
     FUSION_THRESHOLD,
     CYCLE_TIME,
     TIMELINE,
@@ -56,6 +58,7 @@ pub const VARIABLES: [&str; 11] = [
     BACKEND,
     MPI_THREADS_DISABLE,
     GPU,
+    START_TIMEOUT,
 ];
 
 /// The engine's settings. Build one with the builder methods (each
@@ -107,6 +110,14 @@ pub struct Config {
     /// NCCL) where kolo is built with the `nccl` feature and this
     /// process's host has a GPU for each of its ranks (on); off keeps it to the host.
     pub gpu: bool,
+    /// How long starting an engine may take: its backend's start (MPI's
+    /// initialisation, the UCX rendezvous, NCCL's bootstrap) (300 s;
+    /// `None`, or 0 in the environment: no bound). A
+    /// start that takes longer fails with [`Error::Start`] instead of
+    /// hanging, for instance when a process of an `mpirun` job exited
+    /// without initialising MPI. Longer than 0 and at most
+    /// [`MAX_STALL_TIME`].
+    pub start_timeout: Option<Duration>,
 }
 
 impl Default for Config {
@@ -123,6 +134,7 @@ impl Default for Config {
             backend: BackendKind::Threads,
             mpi_threads_disable: false,
             gpu: true,
+            start_timeout: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -198,6 +210,14 @@ impl Config {
         if let Some(v) = read(GPU)? {
             config.gpu = checked(GPU, &v, parse::switch, unbounded)?;
         }
+        if let Some(v) = read(START_TIMEOUT)? {
+            config.start_timeout = checked(
+                START_TIMEOUT,
+                &v,
+                parse::seconds_or_never,
+                bounds::stall_time,
+            )?;
+        }
         Ok(config)
     }
 
@@ -224,6 +244,11 @@ impl Config {
         setting(
             "Config::stall_shutdown",
             self.stall_shutdown,
+            bounds::stall_time,
+        )?;
+        setting(
+            "Config::start_timeout",
+            self.start_timeout,
             bounds::stall_time,
         )
     }
@@ -291,6 +316,12 @@ impl Config {
     /// Whether [`crate::Kolo::init`] may start a GPU engine.
     pub fn gpu(mut self, gpu: bool) -> Self {
         self.gpu = gpu;
+        self
+    }
+
+    /// Sets the bound on an engine's start (`None`: no bound).
+    pub fn start_timeout(mut self, bound: Option<Duration>) -> Self {
+        self.start_timeout = bound;
         self
     }
 

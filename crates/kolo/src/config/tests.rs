@@ -53,6 +53,7 @@ fn every_variable_is_read() {
         (BACKEND, "mpi"),
         (MPI_THREADS_DISABLE, "yes"),
         (GPU, "off"),
+        (START_TIMEOUT, "0"),
     ]);
     let expected = Config::default()
         .fusion_threshold(64 << 20)
@@ -65,7 +66,8 @@ fn every_variable_is_read() {
         .log_level(LogLevel::Debug)
         .backend(BackendKind::Mpi)
         .mpi_threads_disable(true)
-        .gpu(false);
+        .gpu(false)
+        .start_timeout(None);
     assert_eq!(config, Ok(expected));
 }
 

@@ -214,13 +214,26 @@ where
         size,
         local,
         gpu,
-    } = match ready_rx.recv() {
+    } = match wait_for_start(&ready_rx, config.start_timeout) {
         Ok(Ok(started)) => started,
         // The thread ends on its own once it told the peers (see
         // `agree_start`): a caller that starts its ranks one after the
         // other must not wait for that.
         Ok(Err(e)) => return Err(e),
-        Err(_) => {
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            // The engine's thread stays blocked where its backend hangs
+            // (a call like MPI_Init cannot be interrupted); the process
+            // ends it when it exits with this error.
+            return Err(Error::Start {
+                message: format!(
+                    "the backend did not start within {:?} (KOLO_START_TIMEOUT): a process of \
+                     the job may have exited or hung before joining it (under mpirun, one \
+                     that never initialised MPI), or a rendezvous or GPU did not answer",
+                    config.start_timeout.unwrap_or_default()
+                ),
+            });
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
             let why = match thread.join() {
                 Err(panic) => format!("it panicked: {}", panic_text(panic.as_ref())),
                 Ok(()) => "it ended without a word".into(),
@@ -310,5 +323,19 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+/// The engine thread's word on its start, waiting at most `bound` (`None`:
+/// as long as it takes).
+fn wait_for_start(
+    ready: &crossbeam_channel::Receiver<Result<Started, Error>>,
+    bound: Option<std::time::Duration>,
+) -> Result<Result<Started, Error>, crossbeam_channel::RecvTimeoutError> {
+    match bound {
+        Some(bound) => ready.recv_timeout(bound),
+        None => ready
+            .recv()
+            .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
     }
 }

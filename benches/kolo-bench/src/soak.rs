@@ -3,7 +3,8 @@
 //! sizes (0 to a bound, most small), reduce ops and submission orders
 //! through the engine, step after step, checks every result against a
 //! reference computed from the known inputs, and samples the process's
-//! resident memory. All ranks draw the same plan from the seed; each
+//! resident memory between steps (no rank mid-step, the allocator's free
+//! memory returned first). All ranks draw the same plan from the seed; each
 //! shuffles its own submission order; they agree once per step whether
 //! the time is up, so every rank runs the same steps.
 
@@ -472,6 +473,18 @@ fn bytes_of(out: &RawOutput) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(out.data().cast::<u8>(), out.byte_len()) }.to_vec()
 }
 
+/// The resident memory this process holds, in KiB: after returning the
+/// allocator's free memory to the system (glibc's arenas otherwise keep
+/// the peaks of freed buffers, which says nothing of a leak).
+pub fn held_kib() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    resident_kib()
+}
+
 /// This process's resident memory in KiB (0 where /proc is missing).
 pub fn resident_kib() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -514,14 +527,25 @@ pub fn soak_rank(kolo: &Kolo, options: &SoakOptions) -> Result<SoakReport, Error
             report.operations += 1;
         }
         report.steps += 1;
+        // Rank 0's clock decides, for every rank alike, whether this step
+        // is the last (bit 0) and whether memory is sampled after it (bit 1).
         let elapsed = start.elapsed();
-        if kolo.rank() == 0 && elapsed >= next_sample {
-            report.rss.push((elapsed.as_secs_f64(), resident_kib()));
-            next_sample = elapsed + options.sample_every;
+        let mut word = [0u8];
+        if kolo.rank() == 0 {
+            word[0] =
+                u8::from(elapsed >= options.duration) | (u8::from(elapsed >= next_sample) << 1);
         }
-        // Every rank stops after the same step: rank 0's clock decides.
-        stop[0] = u8::from(kolo.rank() == 0 && elapsed >= options.duration);
-        kolo.allreduce("soak.stop", &mut stop, ReduceOp::Max)?;
+        kolo.allreduce("soak.step", &mut word, ReduceOp::Max)?;
+        stop[0] = word[0] & 1;
+        if word[0] & 2 != 0 {
+            // Every rank's step is over and its buffers freed: rank 0
+            // samples what the process holds while the others wait.
+            if kolo.rank() == 0 {
+                report.rss.push((elapsed.as_secs_f64(), held_kib()));
+                next_sample = elapsed + options.sample_every;
+            }
+            kolo.barrier()?;
+        }
     }
     Ok(report)
 }

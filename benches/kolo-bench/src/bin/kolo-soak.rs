@@ -34,6 +34,9 @@ struct Args {
     /// The largest tensor in bytes.
     #[arg(long, default_value_t = 16 << 20)]
     max_bytes: usize,
+    /// Also print rank 0's resident-memory samples (seconds, MiB).
+    #[arg(long)]
+    print_rss: bool,
 }
 
 /// The growth of the mean resident memory of the last five minutes over
@@ -105,6 +108,14 @@ fn main() -> ExitCode {
             g * 100.0
         ))
     );
+    if args.print_rss {
+        let samples: Vec<String> = first
+            .rss
+            .iter()
+            .map(|&(t, kib)| format!("{t:.0}s {} MiB", kib >> 10))
+            .collect();
+        println!("soak: resident memory: {}", samples.join(", "));
+    }
     for r in &reports {
         if let Some(what) = &r.first_wrong {
             eprintln!("kolo-soak: first wrong result: {what}");

@@ -1,6 +1,8 @@
-//! Persistent fusion buffers, one per (device, dtype), in any memory.
+//! Persistent fusion buffers, one per (device, dtype), in any memory,
+//! within a byte budget for all of them together.
 
 use crate::error::FusionError;
+use crate::retention::{Retention, Serve};
 use kolo_protocol::{DataType, Device};
 use kolo_transport::{Collectives, Element, Host, Memory};
 use std::any::Any;
@@ -8,64 +10,95 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::marker::PhantomData;
 
-/// One typed allocation behind `Any`, with its size in bytes.
-struct Slot {
-    /// An `M::Owned<T>` whose `T::DTYPE` is the key's dtype. Typed rather
-    /// than bytes because a [`Memory`] views only allocations of the
-    /// element type it made them with.
-    data: Box<dyn Any + Send>,
-    bytes: usize,
-}
+/// The budget of [`FusionBuffers::new`] and `default()`: twice kolo's
+/// default fusion threshold (128 MiB), so that a job fusing two dtypes
+/// (fp16 and fp32 gradients) keeps both buffers.
+pub const DEFAULT_BUFFER_BUDGET: usize = 256 << 20;
 
 /// Persistent fusion buffers in memory `M` (host memory unless said
-/// otherwise), one per (device, dtype), allocated on first use and
-/// replaced by a larger one (never shrunk) when a larger fused response
-/// comes.
+/// otherwise): one per (device, dtype), allocated on first use and
+/// replaced by a larger one when a larger fused response comes.
 ///
-/// The engine keeps one of these for its lifetime, so steady-state training
-/// allocates nothing per step. Host buffers start from [`new`](Self::new),
-/// those of another memory from `FusionBuffers::<M>::default()`; their
-/// allocations come from the backend, through
-/// [`Collectives::new_buffer`].
+/// The engine keeps one of these for its lifetime, so that steady-state
+/// training allocates nothing per step: a request that fits its buffer
+/// reuses it. What is kept stays bounded however the requests vary (a
+/// process mixing every dtype and sizes would otherwise keep each dtype's
+/// largest buffer for good):
+///
+/// - all buffers together stay within a byte [budget](Self::with_budget):
+///   allocating past it first frees the least recently used other
+///   buffers (a single request larger than the budget is still served,
+///   its buffer then the only one kept);
+/// - every 64 requests, a buffer that served no request in that window,
+///   or held more than four times the largest one it served, is freed.
+///
+/// A repeated training step uses each of its buffers at full size in every
+/// window, and keeps them while they fit the budget together.
+///
+/// Host buffers start from [`new`](Self::new), those of another memory
+/// from `FusionBuffers::<M>::default()` or
+/// [`with_budget`](Self::with_budget); their allocations come from the
+/// backend, through [`Collectives::new_buffer`].
 pub struct FusionBuffers<M: Memory = Host> {
-    buffers: HashMap<(Device, DataType), Slot>,
-    bytes: usize,
+    /// Each an `M::Owned<T>` whose `T::DTYPE` is the key's dtype. Typed
+    /// rather than bytes because a [`Memory`] views only allocations of
+    /// the element type it made them with.
+    buffers: HashMap<(Device, DataType), Box<dyn Any + Send>>,
+    /// Which of them to keep, with their sizes.
+    retention: Retention<(Device, DataType)>,
     memory: PhantomData<M>,
 }
 
 impl<M: Memory> Default for FusionBuffers<M> {
     fn default() -> Self {
-        FusionBuffers {
-            buffers: HashMap::new(),
-            bytes: 0,
-            memory: PhantomData,
-        }
+        Self::with_budget(DEFAULT_BUFFER_BUDGET)
     }
 }
 
 impl<M: Memory> std::fmt::Debug for FusionBuffers<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut sizes: Vec<_> = self
-            .buffers
-            .iter()
-            .map(|(key, slot)| (*key, slot.bytes))
-            .collect();
+        let mut sizes: Vec<_> = self.retention.slots().collect();
         sizes.sort();
         f.debug_struct("FusionBuffers")
             .field("memory", &M::KIND)
             .field("buffers", &sizes)
-            .field("bytes", &self.bytes)
+            .field("bytes", &self.retention.total())
+            .field("budget", &self.retention.budget())
             .finish()
     }
 }
 
 impl<M: Memory> FusionBuffers<M> {
+    /// No buffers yet, to be kept within `budget` bytes together (see the
+    /// type's doc). An engine passes a small multiple of its fusion
+    /// threshold, the largest fused response it plans.
+    pub fn with_budget(budget: usize) -> Self {
+        FusionBuffers {
+            buffers: HashMap::new(),
+            retention: Retention::new(budget),
+            memory: PhantomData,
+        }
+    }
+
+    /// The byte budget of all buffers together.
+    pub fn budget(&self) -> usize {
+        self.retention.budget()
+    }
+
+    /// Drops the allocations of `keys`. Dropping one that queued work
+    /// still uses is the memory's to order (a device memory frees in
+    /// stream order).
+    fn free(&mut self, keys: Vec<(Device, DataType)>) {
+        for key in keys {
+            self.buffers.remove(&key);
+        }
+    }
+
     /// The allocation for `device` and `T`, at least `len` elements long.
     /// A shorter one is dropped before `allocate` makes one of `len`
     /// elements, so that a device never holds both; so is an allocation of
     /// another element type that claims the same dtype (the newest type
-    /// wins). Dropping an allocation that queued work still uses is the
-    /// memory's to order (a device memory frees in stream order).
+    /// wins), and so are the buffers the budget or the trim give up.
     fn allocation<T: Element, E>(
         &mut self,
         device: Device,
@@ -73,29 +106,28 @@ impl<M: Memory> FusionBuffers<M> {
         allocate: impl FnOnce(usize) -> Result<M::Owned<T>, E>,
     ) -> Result<&mut M::Owned<T>, E> {
         let key = (device, T::DTYPE);
-        let fits = self.buffers.get(&key).is_some_and(|slot| {
-            slot.data
-                .downcast_ref::<M::Owned<T>>()
+        let size = std::mem::size_of::<T>();
+        let fits = self.buffers.get(&key).is_some_and(|data| {
+            data.downcast_ref::<M::Owned<T>>()
                 .is_some_and(|owned| M::owned_len(owned) >= len)
         });
-        if !fits {
-            if let Some(old) = self.buffers.remove(&key) {
-                self.bytes -= old.bytes;
-                drop(old);
-            }
+        let need = len.saturating_mul(size);
+        let (serve, freed) = self.retention.request(key, need, fits);
+        self.free(freed);
+        if serve == Serve::Allocate {
             let owned = allocate(len)?;
-            let bytes = M::owned_len(&owned).saturating_mul(std::mem::size_of::<T>());
-            self.bytes = self.bytes.saturating_add(bytes);
-            let data = Box::new(owned);
-            self.buffers.insert(key, Slot { data, bytes });
+            let bytes = M::owned_len(&owned).saturating_mul(size);
+            self.buffers.insert(key, Box::new(owned));
+            let freed = self.retention.admit(key, bytes, need);
+            self.free(freed);
         }
         match self
             .buffers
             .get_mut(&key)
-            .and_then(|slot| slot.data.downcast_mut::<M::Owned<T>>())
+            .and_then(|data| data.downcast_mut::<M::Owned<T>>())
         {
             Some(owned) => Ok(owned),
-            None => unreachable!("the slot was just checked or replaced to hold an M::Owned<T>"),
+            None => unreachable!("the buffer was just checked or replaced to hold an M::Owned<T>"),
         }
     }
 
@@ -157,12 +189,13 @@ impl<M: Memory> FusionBuffers<M> {
 
     /// Bytes held by all buffers together.
     pub fn bytes_allocated(&self) -> usize {
-        self.bytes
+        self.retention.total()
     }
 }
 
 impl FusionBuffers<Host> {
-    /// No host buffers yet; nothing is allocated until the first use.
+    /// No host buffers yet, within [`DEFAULT_BUFFER_BUDGET`]; nothing is
+    /// allocated until the first use.
     pub fn new() -> Self {
         Self::default()
     }
@@ -202,14 +235,14 @@ mod tests {
     use crate::testing::{Loopback, ShortAllocator};
 
     #[test]
-    fn grows_and_never_shrinks() {
+    fn grows_to_the_largest_request_and_serves_smaller_ones_from_it() {
         let mut bufs = FusionBuffers::new();
         assert_eq!(bufs.bytes_allocated(), 0);
         assert_eq!(bufs.get::<i64>(Device::Cpu, 4).len(), 4);
         assert_eq!(bufs.bytes_allocated(), 4 * 8);
         bufs.get::<i64>(Device::Cpu, 10)[9] = 7;
         assert_eq!(bufs.bytes_allocated(), 10 * 8);
-        assert_eq!(bufs.get::<i64>(Device::Cpu, 2).len(), 2);
+        assert_eq!(bufs.get::<i64>(Device::Cpu, 3).len(), 3);
         assert_eq!(bufs.bytes_allocated(), 10 * 8);
         assert_eq!(bufs.get::<i64>(Device::Cpu, 10)[9], 7);
     }
@@ -223,6 +256,67 @@ mod tests {
         bufs.get::<f32>(Device::Cpu, 4);
         assert_eq!(bufs.bytes_allocated(), 8 * 8 + 4 * 4);
         assert_eq!(bufs.get::<i64>(Device::Cpu, 3).len(), 3);
+    }
+
+    #[test]
+    fn a_repeated_step_reuses_its_buffers_without_allocating() {
+        let mut comm = Loopback::default();
+        let mut bufs = FusionBuffers::<Host>::with_budget(1 << 20);
+        // One dtype, the same fused size every step.
+        let first = bufs
+            .buffer::<_, f32>(&mut comm, Device::Cpu, 1000)
+            .unwrap()
+            .as_ptr();
+        for _ in 0..1000 {
+            let again = bufs.buffer::<_, f32>(&mut comm, Device::Cpu, 1000).unwrap();
+            assert_eq!(again.as_ptr(), first, "the step's buffer is reused");
+        }
+        // Two dtypes every step, the second one's size varying a little.
+        let half = bufs.get::<i16>(Device::Cpu, 500).as_ptr();
+        for step in 0..1000 {
+            assert_eq!(bufs.get::<f32>(Device::Cpu, 1000).as_ptr(), first);
+            assert_eq!(
+                bufs.get::<i16>(Device::Cpu, 400 + step % 100).as_ptr(),
+                half
+            );
+        }
+        assert_eq!(bufs.bytes_allocated(), 1000 * 4 + 500 * 2);
+    }
+
+    #[test]
+    fn buffers_past_the_budget_free_the_least_recently_used_first() {
+        let mut bufs = FusionBuffers::with_budget(100);
+        assert_eq!(bufs.budget(), 100);
+        bufs.get::<f32>(Device::Cpu, 10);
+        bufs.get::<i64>(Device::Cpu, 5);
+        bufs.get::<f32>(Device::Cpu, 10);
+        // 40 + 40 + 30 bytes do not fit 100: the i64 buffer, used less
+        // recently than the f32 one, goes.
+        bufs.get::<u8>(Device::Cpu, 30);
+        assert_eq!(bufs.bytes_allocated(), 40 + 30);
+        assert_eq!(
+            format!("{bufs:?}"),
+            "FusionBuffers { memory: Host, buffers: [((Cpu, U8), 30), ((Cpu, F32), 40)], \
+             bytes: 70, budget: 100 }"
+        );
+        // A request larger than the whole budget is served, alone.
+        assert_eq!(bufs.get::<f64>(Device::Cpu, 50).len(), 50);
+        assert_eq!(bufs.bytes_allocated(), 50 * 8);
+    }
+
+    #[test]
+    fn a_buffer_unused_or_much_larger_than_its_use_for_a_while_is_freed() {
+        let mut bufs = FusionBuffers::new();
+        bufs.get::<f64>(Device::Cpu, 1 << 16);
+        bufs.get::<i32>(Device::Cpu, 1 << 16);
+        for _ in 0..2 * crate::retention::TRIM_WINDOW {
+            bufs.get::<i32>(Device::Cpu, 100);
+        }
+        assert_eq!(
+            bufs.bytes_allocated(),
+            100 * 4,
+            "the idle f64 buffer is freed, the i32 one replaced by one of its use"
+        );
     }
 
     #[test]

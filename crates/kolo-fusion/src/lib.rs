@@ -16,7 +16,7 @@
 //!   layout first), one collective runs on the fused view, and every
 //!   [`Phase`] is reported to the engine's timeline. [`FusionBuffers`]
 //!   keeps one persistent buffer per (device, dtype), allocated by the
-//!   backend.
+//!   backend, all of them within one byte budget.
 //!
 //! On the host the copies are kolo-transport's (in parallel on the rayon
 //! pool when large), and where the backend reduces scattered segments in
@@ -114,10 +114,11 @@ mod error;
 mod execute;
 mod fusion_plan;
 mod pack;
+mod retention;
 #[cfg(test)]
 mod testing;
 
-pub use buffers::FusionBuffers;
+pub use buffers::{FusionBuffers, DEFAULT_BUFFER_BUDGET};
 pub use error::FusionError;
 pub use execute::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
 pub use fusion_plan::{fuse, fused_bytes, plan, plan_groups, FusionPlan};

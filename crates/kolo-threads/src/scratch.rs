@@ -3,6 +3,12 @@
 
 use std::any::Any;
 
+/// The most one slot keeps: far above what the reductions ask for (a small
+/// allreduce's output is at most 64 KiB, a prescale's copies 8 KiB per
+/// rank), so that only a call nothing foresaw gives its buffer up instead
+/// of keeping it for the life of the rank.
+const KEPT_BYTES: usize = 4 << 20;
+
 /// Which scratch buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Slot {
@@ -45,9 +51,13 @@ impl Scratch {
         vec
     }
 
-    /// Returns a vector taken with [`Scratch::put`] (into the box it came
-    /// from, so steady use allocates nothing).
+    /// Returns a vector taken with [`Scratch::take`] (into the box it came
+    /// from, so steady use allocates nothing); one larger than
+    /// [`KEPT_BYTES`] is dropped.
     pub(crate) fn put<T: Send + 'static>(&mut self, slot: Slot, vec: Vec<T>) {
+        if vec.capacity().saturating_mul(std::mem::size_of::<T>()) > KEPT_BYTES {
+            return;
+        }
         let held = &mut self.slots[slot as usize];
         match held.as_mut().and_then(|any| any.downcast_mut::<Vec<T>>()) {
             Some(inner) => *inner = vec,
@@ -71,5 +81,13 @@ mod tests {
         scratch.put(Slot::Out, vec);
         let other = scratch.take::<i64>(Slot::Out, 3);
         assert_eq!(other.len(), 3);
+    }
+
+    #[test]
+    fn a_vector_larger_than_the_bound_is_not_kept() {
+        let mut scratch = Scratch::default();
+        let large = scratch.take::<f32>(Slot::Scaled, KEPT_BYTES / 4 + 1);
+        scratch.put(Slot::Scaled, large);
+        assert_eq!(scratch.take::<f32>(Slot::Scaled, 1).len(), 1);
     }
 }

@@ -5,7 +5,7 @@
 //! algorithms, and probed variable-size messages for the control plane.
 
 use crate::result::{self, UcsError};
-use crate::safe::wait::{wait_all, InFlight, WaitError, SPIN_POLLS};
+use crate::safe::wait::{wait_all, InFlight, Interrupter, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
 use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
@@ -57,6 +57,8 @@ pub struct UcxComm {
     /// Idle polls of a wait before it yields the CPU (see
     /// [`crate::safe::wait::SPIN_POLLS`]).
     pub(crate) spin_polls: u32,
+    /// Ends this communicator's waits from another thread.
+    pub(crate) interrupter: Interrupter,
     pub(crate) worker: Worker,
 }
 
@@ -137,6 +139,7 @@ impl UcxComm {
             endpoints,
             peers,
             spin_polls,
+            interrupter: Interrupter::default(),
             worker,
         };
         // Wires every endpoint up before anyone leaves the rendezvous.
@@ -147,6 +150,13 @@ impl UcxComm {
         })?;
         rendezvous.barrier("ucx/connected")?;
         Ok(Some(comm))
+    }
+
+    /// Ends this communicator's waits from another thread (see
+    /// [`Interrupter`]): kolo's watchdog uses it when an operation
+    /// outlived its timeout.
+    pub fn interrupter(&self) -> Interrupter {
+        self.interrupter.clone()
     }
 
     pub(crate) fn check_peer(&self, peer: usize) -> Result<()> {
@@ -176,6 +186,9 @@ impl UcxComm {
             }
             WaitError::Ucs(cause) => TransportError::Backend(format!("{what}: {cause}")),
             WaitError::TimedOut => TransportError::Timeout(format!("{what} with rank {peer}")),
+            WaitError::Interrupted(why) => {
+                TransportError::Backend(format!("{what} with rank {peer} interrupted: {why}"))
+            }
         }
     }
 
@@ -192,6 +205,7 @@ impl UcxComm {
             requests,
             &self.peers,
             None,
+            Some(&self.interrupter),
             self.spin_polls,
         )
         .map_err(|e| self.failed(peer, what, e))
@@ -210,7 +224,14 @@ impl UcxComm {
                 &params,
             )
         }
-        .map_err(|e| TransportError::Backend(e.to_string()))?;
+        .map_err(|e| {
+            // A send to a peer already lost fails at once: name the peer.
+            if e.is_peer_failure() || self.peers[peer].failure().is_some() {
+                self.failed(peer, "a send", WaitError::PeerFailed(e))
+            } else {
+                TransportError::Backend(e.to_string())
+            }
+        })?;
         Ok(InFlight::new(started, false, 0, "ucp_tag_send_nbx"))
     }
 
@@ -385,7 +406,14 @@ impl Collectives for UcxComm {
                 Ok(send) => send,
                 Err(e) => {
                     let mut pending = [receive];
-                    let _ = wait_all(&mut self.worker, &mut pending, &[], Some(Instant::now()), 0);
+                    let _ = wait_all(
+                        &mut self.worker,
+                        &mut pending,
+                        &[],
+                        Some(Instant::now()),
+                        None,
+                        0,
+                    );
                     return Err(e);
                 }
             };

@@ -62,6 +62,9 @@ impl UcxComm {
             if let Some(cause) = self.peers.iter().find_map(|p| p.failure()) {
                 return Err(self.failed(peer, what, WaitError::PeerFailed(cause)));
             }
+            if let Some(why) = self.interrupter.reason() {
+                return Err(self.failed(peer, what, WaitError::Interrupted(why)));
+            }
             if self.worker.progress() == 0 {
                 idle += 1;
                 if idle > self.spin_polls {

@@ -50,3 +50,4 @@ pub mod sys;
 pub mod tags;
 
 pub use comm::{UcxComm, UcxError};
+pub use safe::wait::Interrupter;

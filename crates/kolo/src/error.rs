@@ -4,6 +4,7 @@
 use kolo_transport::TransportError;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Why a kolo call or operation failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -41,6 +42,23 @@ pub enum Error {
         /// The stall inspector's message (names the tensor and the missing
         /// ranks).
         message: String,
+    },
+
+    /// The operation on `tensor` did not complete within the timeout
+    /// (`KOLO_TIMEOUT`, [`crate::Config::timeout`]): some ranks did not
+    /// submit it, or the backend did not finish it (a peer stopped
+    /// answering, a link went down). The engine stops; `report` is the
+    /// desync report: this rank's last completed and first pending
+    /// operations with their sequence numbers, and on rank 0 which ranks
+    /// are behind on which tensor.
+    #[error("tensor '{tensor}' did not complete within {} s (KOLO_TIMEOUT): {report}", after.as_secs_f64())]
+    Timeout {
+        /// The tensor's name.
+        tensor: String,
+        /// The timeout.
+        after: Duration,
+        /// The desync report.
+        report: String,
     },
 
     /// An operation on `tensor` is still in flight on this rank: a name must
@@ -131,6 +149,7 @@ impl Error {
             Error::Mismatch { tensor, .. }
             | Error::Remote { tensor, .. }
             | Error::Stalled { tensor, .. }
+            | Error::Timeout { tensor, .. }
             | Error::DuplicateName { tensor }
             | Error::Collective { tensor, .. }
             | Error::InvalidArgument { tensor, .. } => Some(tensor),
@@ -171,6 +190,23 @@ impl Error {
             Error::Mismatch { tensor, message }
         } else {
             Error::Remote { tensor, message }
+        }
+    }
+}
+
+impl Error {
+    /// A stall that the operation timeout decided (`after`, see
+    /// [`crate::Config::timeout`]) as an [`Error::Timeout`], its report the
+    /// stall inspector's message (which names the ranks that did not
+    /// submit the tensor); any other error as it is.
+    pub(crate) fn stall_as_timeout(self, after: Option<Duration>) -> Error {
+        match (self, after) {
+            (Error::Stalled { tensor, message }, Some(after)) => Error::Timeout {
+                tensor,
+                after,
+                report: message,
+            },
+            (other, _) => other,
         }
     }
 }

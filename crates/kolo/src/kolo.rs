@@ -8,6 +8,7 @@ use crate::engine::completion::Completion;
 use crate::engine::launch::{launch_on_thread, launch_shared, Runtime};
 use crate::engine::placement::DevicePlane;
 use crate::engine::submission::Submission;
+use crate::engine::watchdog::Guards;
 use crate::error::Error;
 use crate::stats::Stats;
 use kolo_timeline::Timeline;
@@ -53,24 +54,25 @@ impl Kolo {
         B: Backend + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        Kolo::start_sharing(backend, config, abort, None)
+        Kolo::start_sharing(backend, config, abort, None, Guards::default())
     }
 
     /// [`Kolo::start_with_abort`] with rank 0's timeline already open
     /// (`None`: opened from the config), so that a timeline that cannot
     /// be created fails before any rank starts (see
-    /// [`crate::threads::run`]).
+    /// [`crate::threads::run`]), and what the backend gives the watchdog.
     pub(crate) fn start_sharing<B, F>(
         backend: B,
         config: Config,
         abort: F,
         timeline: Option<Timeline>,
+        guards: Guards,
     ) -> Result<Kolo, Error>
     where
         B: Backend + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        let runtime = launch_shared(backend, &config, abort, timeline)?;
+        let runtime = launch_shared(backend, &config, abort, timeline, guards)?;
         Ok(Kolo::with(runtime, config))
     }
 
@@ -87,7 +89,7 @@ impl Kolo {
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
         let make = move || make().map(|backend| (backend, None));
-        let runtime = launch_on_thread(make, &config, abort, None)?;
+        let runtime = launch_on_thread(make, &config, abort, None, Guards::default())?;
         Ok(Kolo::with(runtime, config))
     }
 
@@ -100,13 +102,14 @@ impl Kolo {
         config: Config,
         abort: F,
         timeline: Option<Timeline>,
+        guards: Guards,
     ) -> Result<Kolo, Error>
     where
         B: Backend + 'static,
         M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
         F: FnOnce(&mut B, &str) + Send + 'static,
     {
-        let runtime = launch_on_thread(make, &config, abort, timeline)?;
+        let runtime = launch_on_thread(make, &config, abort, timeline, guards)?;
         Ok(Kolo::with(runtime, config))
     }
 

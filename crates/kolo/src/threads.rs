@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::engine::launch::open_timeline;
+use crate::engine::watchdog::{Bulletin, Guards, MemoryBulletin};
 use crate::error::Error;
 use crate::kolo::Kolo;
 use crate::panic_text::panic_text;
@@ -11,6 +12,7 @@ use kolo_timeline::Timeline;
 use parking_lot::Mutex;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Runs `f` on `ranks` ranks, each a thread with its own [`Kolo`] engine
 /// over kolo-threads, and returns every rank's result in rank order.
@@ -47,12 +49,14 @@ fn start_on_threads(
     comm: ThreadComm,
     config: &Config,
     timeline: Option<Timeline>,
+    guards: Guards,
 ) -> Result<Kolo, Error> {
     Kolo::start_sharing(
         comm,
         config.clone(),
         |comm: &mut ThreadComm, message: &str| comm.fail(message),
         timeline,
+        guards,
     )
 }
 
@@ -67,7 +71,7 @@ pub(crate) fn run_ranks<R, F, S>(
 where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
-    S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
+    S: Fn(ThreadComm, &Config, Option<Timeline>, Guards) -> Result<Kolo, Error> + Sync,
 {
     let mut results = Vec::with_capacity(ranks);
     let mut failures = Vec::new();
@@ -142,7 +146,7 @@ where
     R: Send,
     E: From<Error> + std::fmt::Display + Send,
     F: Fn(&Kolo) -> Result<R, E> + Sync,
-    S: Fn(ThreadComm, &Config, Option<Timeline>) -> Result<Kolo, Error> + Sync,
+    S: Fn(ThreadComm, &Config, Option<Timeline>, Guards) -> Result<Kolo, Error> + Sync,
 {
     // Settings out of bounds and a timeline that cannot be created fail
     // the run before any rank starts; rank 0's engine gets it open.
@@ -152,12 +156,18 @@ where
         message: format!("cannot create {ranks} thread ranks: {e}"),
     })?;
     let clock = AtomicU64::new(0);
+    // The ranks' faults, where each one's watchdog reads the others'.
+    let bulletin: Arc<dyn Bulletin> = Arc::new(MemoryBulletin::default());
     let outcomes = std::thread::scope(|scope| {
         let threads: Vec<_> = comms
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
                 let (f, start, clock, timeline) = (&f, &start, &clock, &timeline);
+                let guards = Guards {
+                    interrupt: None,
+                    bulletin: Some(Arc::clone(&bulletin)),
+                };
                 std::thread::Builder::new()
                     .name(format!("kolo-user-{rank}"))
                     .spawn_scoped(scope, move || {
@@ -166,7 +176,7 @@ where
                         } else {
                             None
                         };
-                        run_rank(rank, start(comm, config, timeline), f, clock)
+                        run_rank(rank, start(comm, config, timeline, guards), f, clock)
                     })
                     .map_err(|e| (rank, e))
             })

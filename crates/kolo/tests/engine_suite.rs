@@ -88,6 +88,16 @@ fn stall_np3() {
     check(&Job::stall(3));
 }
 
+#[test]
+fn timeout_np2() {
+    check(&Job::timeout(2));
+}
+
+#[test]
+fn timeout_np3() {
+    check(&Job::timeout(3));
+}
+
 /// The workload with the cache and fusion off, each, both, and tiny:
 /// results bit-identical to the defaults.
 #[test]

@@ -2,7 +2,8 @@
 //! backends run) over UCX: separate processes that meet through
 //! kolo-rendezvous, as kolo-run starts them, each with its own engine
 //! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
-//! shared memory and over TCP, the submission-order jobs at 2, and
+//! shared memory and over TCP, the submission-order jobs at 2, the
+//! operation timeout at 3 over TCP, and
 //! the train example as four processes (`--backend ucx`).
 //! With `nccl` too, `Kolo::init_nccl_ucx` at 2 and 3 processes: NCCL's
 //! bootstrap through the rendezvous store either starts every rank's GPU
@@ -14,7 +15,7 @@
 //! per case, and judges every case of every job, libtest style.
 
 use kolo::{Config, Kolo};
-use kolo_engine_suite::{judge, run_rank, CaseLine, Job};
+use kolo_engine_suite::{judge, run_rank, Case, CaseLine, Job};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -42,7 +43,72 @@ fn jobs() -> Vec<(Job, &'static str)> {
             .into_iter()
             .map(|job| (job, "sm,self")),
     );
+    jobs.push((Job::timeout(3), "tcp,self"));
+    jobs.push((
+        Job::new(
+            "frozen_np3",
+            3,
+            vec![Case::new(
+                "a_frozen_rank_times_out_on_the_others_naming_it",
+                frozen_rank,
+            )],
+        )
+        .with_settings(|config| config.timeout(Duration::from_secs(1))),
+        "tcp,self",
+    ));
     jobs
+}
+
+/// How long rank 2 of [`frozen_rank`] stays stopped.
+const FROZEN: Duration = Duration::from_secs(8);
+
+/// Rank 2 of 3 stops (SIGSTOP) for [`FROZEN`], far past the 1 s operation
+/// timeout: its process and connections live, so nothing tells the others,
+/// whose engines wait for it inside UCX, not in negotiation. Their
+/// watchdogs end the wait: both fail with `Error::Timeout` naming the
+/// tensor, and rank 0's report names rank 2 as the rank that did not
+/// report. Rank 2 resumes (a child of it sends SIGCONT) and its call
+/// fails too, bounded.
+fn frozen_rank(kolo: &Kolo) -> Result<Option<u64>, kolo::Error> {
+    use kolo::{Error, ReduceOp};
+    let rank = kolo.rank();
+    kolo.barrier()?;
+    let mut x = [1f32; 4];
+    if rank == 2 {
+        let pid = std::process::id();
+        let resume = format!("sleep {}; kill -CONT {pid}", FROZEN.as_secs());
+        let waker = std::process::Command::new("sh")
+            .args(["-c", &resume])
+            .spawn();
+        if waker.is_ok() {
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status();
+        }
+        let _ = kolo.allreduce("frozen/x", &mut x, ReduceOp::Sum);
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let err = kolo_engine_suite::expect_err(
+        kolo.allreduce("frozen/x", &mut x, ReduceOp::Sum),
+        "frozen/x",
+    );
+    let waited = started.elapsed();
+    match &err {
+        Error::Timeout { tensor, report, .. } => {
+            assert_eq!(tensor, "frozen/x", "{err}");
+            assert!(report.contains("first pending op"), "{err}");
+            if rank == 0 {
+                assert!(
+                    report.contains("rank 2 did not report"),
+                    "rank 0's report does not name rank 2: {err}"
+                );
+            }
+        }
+        other => panic!("rank {rank}: expected a timeout, got {other:?}"),
+    }
+    assert!(waited < FROZEN, "the timeout came after {waited:?}");
+    Ok(None)
 }
 
 fn main() -> ExitCode {

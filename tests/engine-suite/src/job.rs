@@ -121,6 +121,13 @@ pub const STALL: &[Case] = &[
     ),
 ];
 
+/// The operation timeout's case (see [`Job::timeout`]): it stops the
+/// engine.
+pub const TIMEOUT: &[Case] = &[Case::new(
+    "timeout_fails_the_withheld_tensor_naming_the_rank",
+    stall::withheld_tensor_times_out,
+)];
+
 /// The names of the main sequence with `extra` cases (a backend's own)
 /// before the final shutdown.
 pub fn main_cases(extra: &[Case]) -> Vec<Case> {
@@ -169,6 +176,13 @@ impl Job {
     /// after 100 ms and the stall shutdown after 1 s: `stall_np{ranks}`.
     pub fn stall(ranks: usize) -> Job {
         Job::new(format!("stall_np{ranks}"), ranks, STALL.to_vec()).with_settings(stall::settings)
+    }
+
+    /// [`TIMEOUT`] on `ranks` ranks (at least 2), with operations
+    /// bounded to 1 s and no stall shutdown: `timeout_np{ranks}`.
+    pub fn timeout(ranks: usize) -> Job {
+        Job::new(format!("timeout_np{ranks}"), ranks, TIMEOUT.to_vec())
+            .with_settings(stall::timeout_settings)
     }
 
     /// Rank 0 writes a timeline (with cycle marks) that the judge checks.

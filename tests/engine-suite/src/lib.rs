@@ -63,7 +63,7 @@ mod shutdown;
 pub mod stall;
 mod timeline;
 
-pub use job::{main_cases, order_jobs, Job, ORDERS, STALL, WORKLOAD};
+pub use job::{main_cases, order_jobs, Job, ORDERS, STALL, TIMEOUT, WORKLOAD};
 pub use orders::{any_order_any_style_in, group_after_cache_reuse_in};
 pub use refused::refused_tensor_alone_is_untouched_in;
 pub use report::{

@@ -131,3 +131,62 @@ pub fn withheld_tensor(kolo: &Kolo) -> Result<Digest, Error> {
     assert_eq!(later.to_string(), SHUT_DOWN);
     Ok(None)
 }
+
+/// The timeout jobs' settings: operations time out after 1 s (the stall
+/// shutdown is off, so the timeout decides), no stall warning.
+pub fn timeout_settings(config: Config) -> Config {
+    config
+        .stall_check(None)
+        .stall_shutdown(None)
+        .timeout(Duration::from_secs(1))
+}
+
+/// The last rank never submits "withheld": after the operation timeout
+/// the others' operation fails with [`Error::Timeout`] naming the tensor,
+/// the timeout and the rank that did not submit it, and the engine stops
+/// on every rank. Ends the engine, so it is the last case of its job.
+pub fn withheld_tensor_times_out(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let mut x = [1i32; 4];
+    if r == n - 1 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !kolo.is_shut_down() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        expect_err(
+            kolo.allreduce("later", &mut x, ReduceOp::Sum),
+            "after the timeout",
+        );
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let err = expect_err(
+        kolo.allreduce("withheld", &mut x, ReduceOp::Sum),
+        "withheld",
+    );
+    match &err {
+        Error::Timeout {
+            tensor,
+            after,
+            report,
+        } => {
+            assert_eq!(tensor, "withheld");
+            assert_eq!(*after, Duration::from_secs(1));
+            let missing = format!("missing from ranks [{}]", n - 1);
+            assert!(report.contains(&missing), "{report}");
+            assert!(err.to_string().contains("KOLO_TIMEOUT"), "{err}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the timeout took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(x, [1; 4], "a failed operation leaves the buffer alone");
+    expect_err(
+        kolo.allreduce("later", &mut x, ReduceOp::Sum),
+        "after the timeout",
+    );
+    Ok(None)
+}

@@ -9,7 +9,8 @@
 use crate::result::{self, Started, UcsError};
 use crate::safe::worker::{PeerState, Worker};
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Idle polls before a wait starts yielding the CPU, where every process
@@ -29,6 +30,42 @@ pub enum WaitError {
     PeerFailed(UcsError),
     /// The deadline passed (the request was cancelled).
     TimedOut,
+    /// Another thread interrupted the wait (see [`Interrupter`]), for this
+    /// reason (the request was cancelled).
+    Interrupted(String),
+}
+
+/// Lets another thread end a communicator's waits: kolo's watchdog, when
+/// an operation outlived its timeout while a peer stopped answering (a
+/// frozen process, a link down: no endpoint error comes). Every wait then
+/// fails with [`WaitError::Interrupted`], now and from then on.
+#[derive(Clone, Debug, Default)]
+pub struct Interrupter(Arc<Interruption>);
+
+#[derive(Debug, Default)]
+struct Interruption {
+    set: AtomicBool,
+    why: Mutex<String>,
+}
+
+impl Interrupter {
+    /// Ends every wait of the communicator, now and later, with `why`.
+    pub fn interrupt(&self, why: &str) {
+        if let Ok(mut slot) = self.0.why.lock() {
+            if slot.is_empty() {
+                *slot = why.to_owned();
+            }
+        }
+        self.0.set.store(true, Ordering::Release);
+    }
+
+    /// Why the communicator was interrupted, once it was.
+    pub fn reason(&self) -> Option<String> {
+        if !self.0.set.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.0.why.lock().map(|why| why.clone()).unwrap_or_default())
+    }
 }
 
 /// One request in flight, and what it is about.
@@ -112,12 +149,14 @@ impl InFlight {
 /// the first failure cancels the others. A failure of any of `peers` (the
 /// communicator's) ends the wait too: no collective can complete without
 /// every rank, and a receive from a live peer that itself waits for the
-/// dead one would wait forever. `deadline` bounds the wait.
+/// dead one would wait forever. `deadline` bounds the wait, and
+/// `interrupter`, once used, ends it.
 pub fn wait_all(
     worker: &mut Worker,
     requests: &mut [InFlight],
     peers: &[Arc<PeerState>],
     deadline: Option<Instant>,
+    interrupter: Option<&Interrupter>,
     spin_polls: u32,
 ) -> Result<(), WaitError> {
     let mut idle = 0u32;
@@ -149,6 +188,10 @@ pub fn wait_all(
         if deadline.is_some_and(|d| Instant::now() >= d) {
             cancel_all(worker, requests);
             return Err(WaitError::TimedOut);
+        }
+        if let Some(why) = interrupter.and_then(Interrupter::reason) {
+            cancel_all(worker, requests);
+            return Err(WaitError::Interrupted(why));
         }
         if events == 0 {
             idle += 1;

@@ -44,9 +44,11 @@ pub const MPI_THREADS_DISABLE: &str = "KOLO_MPI_THREADS_DISABLE";
 pub const GPU: &str = "KOLO_GPU";
 /// The bound on an engine's start in seconds: [`Config::start_timeout`].
 pub const START_TIMEOUT: &str = "KOLO_START_TIMEOUT";
+/// The bound on an operation in seconds: [`Config::timeout`].
+pub const TIMEOUT: &str = "KOLO_TIMEOUT";
 
 /// Every variable [`Config::from_env`] reads.
-pub const VARIABLES: [&str; 12] = [
+pub const VARIABLES: [&str; 13] = [
     FUSION_THRESHOLD,
     CYCLE_TIME,
     TIMELINE,
@@ -59,6 +61,7 @@ pub const VARIABLES: [&str; 12] = [
     MPI_THREADS_DISABLE,
     GPU,
     START_TIMEOUT,
+    TIMEOUT,
 ];
 
 /// The engine's settings. Build one with the builder methods (each
@@ -118,6 +121,18 @@ pub struct Config {
     /// without initialising MPI. Longer than 0 and at most
     /// [`MAX_STALL_TIME`].
     pub start_timeout: Option<Duration>,
+    /// How long an operation may take from its submission to its
+    /// completion (300 s; `None`, or 0 in the environment: no bound). A
+    /// handle not completed in time fails with [`Error::Timeout`] naming
+    /// the tensor and carrying this rank's desync report, and the engine
+    /// stops on every rank it can reach, each with the same cause (see
+    /// `docs/reliability.md`). Tensors that some ranks submitted and others
+    /// did not fail this way on every rank alike (the stall inspector's
+    /// shutdown, at the shorter of this and
+    /// [`Config::stall_shutdown`]); an operation stuck in the backend (a
+    /// peer that stopped answering, a lost link) fails on the ranks that
+    /// wait for it. Longer than 0 and at most [`MAX_STALL_TIME`].
+    pub timeout: Option<Duration>,
 }
 
 impl Default for Config {
@@ -135,6 +150,7 @@ impl Default for Config {
             mpi_threads_disable: false,
             gpu: true,
             start_timeout: Some(Duration::from_secs(300)),
+            timeout: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -218,6 +234,9 @@ impl Config {
                 bounds::stall_time,
             )?;
         }
+        if let Some(v) = read(TIMEOUT)? {
+            config.timeout = checked(TIMEOUT, &v, parse::seconds_or_never, bounds::stall_time)?;
+        }
         Ok(config)
     }
 
@@ -250,7 +269,8 @@ impl Config {
             "Config::start_timeout",
             self.start_timeout,
             bounds::stall_time,
-        )
+        )?;
+        setting("Config::timeout", self.timeout, bounds::stall_time)
     }
 
     /// Sets the fusion threshold in bytes (0 disables fusion).
@@ -325,12 +345,37 @@ impl Config {
         self
     }
 
+    /// Sets the bound on an operation, from its submission to its
+    /// completion ([`Duration::ZERO`]: no bound; see [`Config::timeout`]).
+    pub fn timeout(mut self, after: Duration) -> Self {
+        self.timeout = (!after.is_zero()).then_some(after);
+        self
+    }
+
+    /// True when the stall inspector's shutdown of a tensor that some ranks
+    /// did not submit is the operation timeout's (it comes no later than
+    /// [`Config::stall_shutdown`]): the tensor then fails with
+    /// [`Error::Timeout`].
+    pub(crate) fn stall_is_timeout(&self) -> bool {
+        match (self.timeout, self.stall_shutdown) {
+            (Some(timeout), Some(stall)) => timeout <= stall,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
     /// The coordinator's part of the settings.
     pub(crate) fn coordinator(&self) -> CoordinatorConfig {
         CoordinatorConfig {
             cache_capacity: self.cache_capacity,
             stall_warning: self.stall_check,
-            stall_shutdown: self.stall_shutdown,
+            // The timeout of a tensor that some ranks did not submit is
+            // the stall inspector's shutdown: rank 0 decides, so every
+            // rank fails it alike.
+            stall_shutdown: match (self.stall_shutdown, self.timeout) {
+                (Some(stall), Some(timeout)) => Some(stall.min(timeout)),
+                (stall, timeout) => stall.or(timeout),
+            },
             // Only rank 0's timeline reads them.
             events: self.timeline.is_some(),
         }

@@ -54,6 +54,7 @@ fn every_variable_is_read() {
         (MPI_THREADS_DISABLE, "yes"),
         (GPU, "off"),
         (START_TIMEOUT, "0"),
+        (TIMEOUT, "12.5"),
     ]);
     let expected = Config::default()
         .fusion_threshold(64 << 20)
@@ -67,8 +68,30 @@ fn every_variable_is_read() {
         .backend(BackendKind::Mpi)
         .mpi_threads_disable(true)
         .gpu(false)
-        .start_timeout(None);
+        .start_timeout(None)
+        .timeout(Duration::from_millis(12_500));
     assert_eq!(config, Ok(expected));
+}
+
+#[test]
+fn a_zero_timeout_means_none_and_the_stall_shutdown_takes_the_shorter() {
+    assert_eq!(from_map(&[(TIMEOUT, "0")]).unwrap().timeout, None);
+    let none = Config::default().timeout(Duration::ZERO);
+    assert_eq!(none.timeout, None);
+    assert!(!none.stall_is_timeout());
+    assert_eq!(none.coordinator().stall_shutdown, None);
+    let short = Config::default().timeout(Duration::from_secs(2));
+    assert!(short.stall_is_timeout());
+    assert_eq!(
+        short.coordinator().stall_shutdown,
+        Some(Duration::from_secs(2))
+    );
+    let stall_first = short.clone().stall_shutdown(Some(Duration::from_secs(1)));
+    assert!(!stall_first.stall_is_timeout());
+    assert_eq!(
+        stall_first.coordinator().stall_shutdown,
+        Some(Duration::from_secs(1))
+    );
 }
 
 #[test]

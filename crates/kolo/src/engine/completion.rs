@@ -39,6 +39,8 @@ pub(crate) struct Completion {
     /// Runs the engine's cycles on the waiting thread, on a host engine
     /// (see [`crate::engine::progress`]).
     progress: Option<Weak<dyn Progress>>,
+    /// When it was submitted: the watchdog's timeout counts from here.
+    submitted: Instant,
 }
 
 struct State {
@@ -58,6 +60,11 @@ struct State {
     lease: Option<Lease>,
     /// The results were handed out.
     taken: bool,
+    /// The lease of a submission the watchdog failed while the engine may
+    /// still hold its tensors (see [`Completion::abandon`]): released only
+    /// when the last reference to the completion goes, the engine's
+    /// included.
+    kept: Option<Lease>,
 }
 
 /// What a done submission delivered: every part's output, in order, or
@@ -97,10 +104,12 @@ impl Completion {
                 waker: None,
                 lease,
                 taken: false,
+                kept: None,
             }),
             done: Condvar::new(),
             finished: CachePadded::new(AtomicBool::new(false)),
             progress,
+            submitted: Instant::now(),
         });
         if parts == 0 {
             completion.finish(&mut completion.state.lock());
@@ -221,6 +230,26 @@ impl Completion {
             Completion::record(&mut state, index, Err(failure));
         }
         self.finish(&mut state);
+    }
+
+    /// Fails every part not in yet with `error(its tensor's name)` on
+    /// behalf of the watchdog, while the engine may still hold the
+    /// tensors: the waiter wakes now, but the lease on lent memory stays
+    /// until the engine lets go of the submission (a scope does not end
+    /// while a blocked backend may still write into its memory).
+    pub(crate) fn abandon(&self, error: impl Fn(&str) -> Error) {
+        let mut state = self.state.lock();
+        if self.finished.load(Ordering::Acquire) {
+            return;
+        }
+        state.kept = state.lease.take();
+        drop(state);
+        self.fail_open(error);
+    }
+
+    /// When the submission was made.
+    pub(crate) fn submitted(&self) -> Instant {
+        self.submitted
     }
 
     /// True once every part is in.

@@ -163,6 +163,30 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         }
         let rank = self.performer.rank;
         tracing::debug!(rank, %reason, "kolo engine stopped");
+        // Where this rank stood, before its handles fail: the desync
+        // report's (see `crate::engine::watchdog`), and in the error when
+        // a peer was lost.
+        let standing = self
+            .performer
+            .shared
+            .table
+            .lock()
+            .standing(rank, Instant::now());
+        let reason = match reason {
+            Error::RankFailed {
+                rank: lost,
+                message,
+            } if lost != rank => Error::RankFailed {
+                rank: lost,
+                message: format!("{message} ({})", standing.line()),
+            },
+            other => other,
+        };
+        self.performer
+            .shared
+            .final_standing
+            .lock()
+            .get_or_insert(standing);
         fail_all(&self.performer.shared, reason.clone());
         self.performer.held.clear();
         self.performer.batches.fail_all(&reason);

@@ -12,6 +12,7 @@ use crate::engine::placement::{DevicePlane, NoPlane, PlaneSlot};
 use crate::engine::progress::Progress;
 use crate::engine::shared::{fail_all, Shared};
 use crate::engine::submission::Submission;
+use crate::engine::watchdog::{Guards, Watch, Watchdog};
 use crate::error::Error;
 use crate::panic_text::panic_text;
 use crate::stats::Stats;
@@ -22,6 +23,13 @@ use parking_lot::Mutex;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a rank's teardown may wait for its engine's thread once the
+/// backend was interrupted (past the operation timeout): a thread stuck in
+/// a call that cannot be interrupted (MPI's) is then left to the process's
+/// exit.
+const TEARDOWN_BOUND: Duration = Duration::from_secs(10);
 
 /// What the engine thread reports once its backend is up.
 struct Started {
@@ -59,6 +67,12 @@ pub(crate) struct Runtime {
     shared: Arc<Shared>,
     commands: Sender<Command>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Bounds operations in time and spreads faults (see
+    /// [`crate::engine::watchdog`]).
+    watchdog: Mutex<Option<Watchdog>>,
+    /// The operation timeout, which also bounds a shutdown's wait for
+    /// the ranks' agreement.
+    timeout: Option<Duration>,
 }
 
 /// Starts an engine on a `Send` backend: a caller waiting on a handle may
@@ -70,6 +84,7 @@ pub(crate) fn launch_shared<B, F>(
     config: &Config,
     abort: F,
     timeline: Option<Timeline>,
+    guards: Guards,
 ) -> Result<Runtime, Error>
 where
     B: Backend + Send + 'static,
@@ -84,6 +99,7 @@ where
             Some(progress)
         },
         timeline,
+        guards,
     )
 }
 
@@ -96,13 +112,14 @@ pub(crate) fn launch_on_thread<B, M, F>(
     config: &Config,
     abort: F,
     timeline: Option<Timeline>,
+    guards: Guards,
 ) -> Result<Runtime, Error>
 where
     B: Backend + 'static,
     M: FnOnce() -> Result<(B, Option<Box<dyn DevicePlane>>), Error> + Send + 'static,
     F: FnOnce(&mut B, &str) + Send + 'static,
 {
-    launch(make, config, abort, |_| None, timeline)
+    launch(make, config, abort, |_| None, timeline, guards)
 }
 
 /// Spawns the background thread, which makes the backend and device
@@ -116,6 +133,7 @@ fn launch<B, D, M, F, S>(
     abort: F,
     share: S,
     timeline: Option<Timeline>,
+    guards: Guards,
 ) -> Result<Runtime, Error>
 where
     B: Backend + 'static,
@@ -125,7 +143,10 @@ where
     S: FnOnce(&Background<B, D>) -> Option<Weak<dyn Progress>> + Send + 'static,
 {
     config.validate()?;
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        stall_timeout: config.timeout.filter(|_| config.stall_is_timeout()),
+        ..Shared::default()
+    });
     let (commands, receiver) = crossbeam_channel::unbounded();
     let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<Started, Error>>(1);
     let engine_config = config.clone();
@@ -246,6 +267,14 @@ where
         }
     };
     tracing::debug!(rank, size, ?gpu, ?config, "kolo engine started");
+    let watchdog = Watchdog::start(Watch {
+        rank,
+        size,
+        timeout: config.timeout,
+        shared: Arc::clone(&shared),
+        commands: commands.clone(),
+        guards,
+    });
     Ok(Runtime {
         rank,
         size,
@@ -254,6 +283,8 @@ where
         shared,
         commands,
         thread: Mutex::new(Some(thread)),
+        watchdog: Mutex::new(watchdog),
+        timeout: config.timeout,
     })
 }
 
@@ -284,12 +315,55 @@ impl Runtime {
         let _ = self.join();
     }
 
-    /// Waits for the background thread to end.
+    /// Waits for the background thread to end, then stops the watchdog.
+    ///
+    /// Bounded where operations are ([`Config::timeout`]): a shutdown
+    /// waits for every rank's agreement, and a peer that stopped answering
+    /// would hold it forever. Past the timeout the backend's waits are
+    /// interrupted, and past [`TEARDOWN_BOUND`] more the thread is left
+    /// behind (stuck in a call that cannot be interrupted) with an error.
     fn join(&self) -> Result<(), Error> {
         let Some(thread) = self.thread.lock().take() else {
             return Ok(());
         };
-        thread.join().map_err(|panic| Error::RankFailed {
+        let finished = self.timeout.is_none_or(|timeout| {
+            wait_for_thread(&thread, timeout) || {
+                let why = format!(
+                    "kolo's engine did not stop within {} s (KOLO_TIMEOUT): a peer stopped \
+                     answering",
+                    timeout.as_secs_f64()
+                );
+                tracing::error!(rank = self.rank, "{why}");
+                if let Some(watchdog) = &*self.watchdog.lock() {
+                    watchdog.interrupt(&why);
+                }
+                let _ = self.commands.send(Command::Abort(why));
+                wait_for_thread(&thread, TEARDOWN_BOUND)
+            }
+        });
+        let clean = finished
+            && matches!(
+                self.shared.table.lock().closed(),
+                Some(Error::ShutDown { .. })
+            );
+        if !finished {
+            if let Some(mut watchdog) = self.watchdog.lock().take() {
+                watchdog.stop(false);
+            }
+            return Err(Error::RankFailed {
+                rank: self.rank,
+                message: format!(
+                    "kolo's engine thread did not stop within {} s of being interrupted; \
+                     it is left to the process's exit",
+                    TEARDOWN_BOUND.as_secs()
+                ),
+            });
+        }
+        let joined = thread.join();
+        if let Some(mut watchdog) = self.watchdog.lock().take() {
+            watchdog.stop(clean);
+        }
+        joined.map_err(|panic| Error::RankFailed {
             rank: self.rank,
             message: format!(
                 "kolo's background thread panicked: {}",
@@ -324,6 +398,18 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }
+}
+
+/// Waits up to `bound` for `thread` to finish; true if it did.
+fn wait_for_thread(thread: &JoinHandle<()>, bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    while !thread.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
 }
 
 /// The engine thread's word on its start, waiting at most `bound` (`None`:

@@ -11,11 +11,14 @@
 //! plane ([`placement`]), and leaves the results in each submission's
 //! [`completion`]. A caller waiting on one may run the cycles itself
 //! ([`progress`]). Scopes lend the caller's memory under a [`lease`].
+//! A [`watchdog`] bounds each operation's time and spreads a fault to
+//! every rank it can reach, with each rank's [`desync`] standing.
 
 pub(crate) mod background;
 pub(crate) mod batches;
 pub(crate) mod completion;
 pub(crate) mod cycle;
+pub(crate) mod desync;
 pub(crate) mod launch;
 pub(crate) mod lease;
 pub(crate) mod names;
@@ -25,3 +28,4 @@ pub(crate) mod progress;
 pub(crate) mod shared;
 pub(crate) mod submission;
 pub(crate) mod table;
+pub(crate) mod watchdog;

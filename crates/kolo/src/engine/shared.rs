@@ -1,6 +1,7 @@
 //! What the user's threads and the engine's share: the tensor table and
 //! the counters.
 
+use crate::engine::desync::Standing;
 use crate::engine::table::Table;
 use crate::error::Error;
 use crate::stats::Stats;
@@ -11,6 +12,13 @@ use parking_lot::Mutex;
 pub(crate) struct Shared {
     pub table: Mutex<Table>,
     pub stats: Mutex<Stats>,
+    /// The operation timeout when it, not the stall shutdown, fails the
+    /// tensors some ranks did not submit (see
+    /// [`crate::Config::timeout`]).
+    pub stall_timeout: Option<std::time::Duration>,
+    /// Where this rank stood when its engine stopped for a failure (see
+    /// [`crate::engine::desync`]), taken before its handles were failed.
+    pub final_standing: Mutex<Option<Standing>>,
 }
 
 /// Closes the table with `reason` and fails every submission still queued.

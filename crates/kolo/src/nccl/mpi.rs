@@ -19,6 +19,7 @@ impl Kolo {
     /// [`Kolo::init_nccl_mpi`] with the communicator's options.
     pub fn init_nccl_mpi_with(config: Config, options: NcclOptions) -> Result<Kolo, Error> {
         let disable = config.mpi_threads_disable;
+        let options = super::start::bounded(options, &config);
         Kolo::start_engine(
             move || {
                 let ctrl = MpiComm::init(disable).map_err(|e| Error::Start {
@@ -29,6 +30,7 @@ impl Kolo {
             config,
             |comm: &mut MpiComm, message: &str| comm.abort(1, message),
             None,
+            crate::engine::watchdog::Guards::default(),
         )
     }
 }

@@ -3,6 +3,7 @@
 use super::plane::NcclPlane;
 use crate::config::Config;
 use crate::engine::placement::DevicePlane;
+use crate::engine::watchdog::Guards;
 use crate::error::Error;
 use crate::kolo::Kolo;
 use crate::threads::run_ranks;
@@ -38,8 +39,8 @@ where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
 {
-    let start = |comm: ThreadComm, config: &Config, timeline| {
-        let mut options = options.clone();
+    let start = |comm: ThreadComm, config: &Config, timeline, guards| {
+        let mut options = bounded(options.clone(), config);
         let rank = comm.rank();
         options.device = options.device.or(Some(rank));
         options.mode = options.mode.or(Some(Mode::ThreadPerGpu));
@@ -48,6 +49,7 @@ where
             config.clone(),
             |comm: &mut ThreadComm, message: &str| comm.fail(message),
             timeline,
+            guards,
         )
     };
     run_ranks(gpus, &config, start, f)
@@ -57,17 +59,33 @@ where
 /// [`Kolo::init`]).
 pub(crate) fn start_one(config: Config) -> Result<Kolo, Error> {
     let comm = crate::threads::lone_comm()?;
-    let options = NcclOptions {
-        device: Some(0),
-        mode: Some(Mode::ThreadPerGpu),
-        ..NcclOptions::default()
-    };
+    let options = bounded(
+        NcclOptions {
+            device: Some(0),
+            mode: Some(Mode::ThreadPerGpu),
+            ..NcclOptions::default()
+        },
+        &config,
+    );
     Kolo::start_engine(
         move || with_nccl(comm, options),
         config,
         |comm: &mut ThreadComm, message: &str| comm.fail(message),
         None,
+        Guards::default(),
     )
+}
+
+/// `options` with its operation timeout no longer than kolo's
+/// ([`Config::timeout`]): the completion thread fails a device operation
+/// pending past it, and NCCL's asynchronous errors, breaking the
+/// communicator, which is then aborted (`ncclCommAbort`) within the
+/// teardown bound.
+pub(crate) fn bounded(mut options: NcclOptions, config: &Config) -> NcclOptions {
+    if let Some(timeout) = config.timeout {
+        options.op_timeout = options.op_timeout.min(timeout);
+    }
+    options
 }
 
 /// Creates the NCCL communicator over `ctrl` (collective over every rank)

@@ -4,10 +4,13 @@
 
 use super::plane::NcclPlane;
 use crate::engine::placement::DevicePlane;
+use crate::engine::watchdog::Guards;
+use crate::ucx::StoreBulletin;
 use crate::{Config, Error, Kolo};
 use kolo_nccl::{NcclComm, NcclOptions};
 use kolo_rendezvous::Rendezvous;
 use kolo_ucx::UcxComm;
+use std::sync::Arc;
 
 impl Kolo {
     /// Joins the job the environment describes (`MASTER_ADDR`,
@@ -25,6 +28,15 @@ impl Kolo {
     /// [`Kolo::init_nccl_ucx`] with the communicator's options.
     pub fn init_nccl_ucx_with(config: Config, options: NcclOptions) -> Result<Kolo, Error> {
         config.validate()?;
+        let options = super::start::bounded(options, &config);
+        // The store stays up while the engine runs: the ranks post their
+        // faults there (see `docs/reliability.md`).
+        let bulletin = StoreBulletin::empty();
+        let store = Arc::clone(&bulletin);
+        let guards = Guards {
+            interrupt: None,
+            bulletin: Some(bulletin),
+        };
         Kolo::start_engine(
             move || {
                 let start = |what: &str, e: &dyn std::fmt::Display| Error::Start {
@@ -34,16 +46,15 @@ impl Kolo {
                 let ucx = UcxComm::connect(&mut rendezvous).map_err(|e| start("UCX", &e))?;
                 let nccl = NcclComm::init(&mut rendezvous, options).map_err(|e| Error::Start {
                     message: format!("cannot start NCCL on rank {}: {e}", rendezvous.rank()),
-                });
-                let left = rendezvous.close().map_err(|e| start("rendezvous", &e));
-                let nccl = nccl?;
-                left?;
+                })?;
+                store.fill(rendezvous);
                 let plane: Box<dyn DevicePlane> = Box::new(NcclPlane::new(nccl));
                 Ok((ucx, Some(plane)))
             },
             config,
             |_: &mut UcxComm, _: &str| {},
             None,
+            guards,
         )
     }
 }

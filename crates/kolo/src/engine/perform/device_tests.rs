@@ -65,7 +65,14 @@ fn engine(asked: &Arc<Asked>) -> Kolo {
         let plane: Box<dyn DevicePlane> = Box::new(Recording(asked));
         Ok((comm, Some(plane)))
     };
-    Kolo::start_engine(make, Config::default(), |_, _| {}, None).expect("an engine")
+    Kolo::start_engine(
+        make,
+        Config::default(),
+        |_, _| {},
+        None,
+        crate::engine::watchdog::Guards::default(),
+    )
+    .expect("an engine")
 }
 
 /// Submits `group`'s tensors as device tensors lent by address (never

@@ -120,7 +120,9 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             rank,
             size,
             fusion_threshold,
-            buffers: FusionBuffers::new(),
+            // Room for the largest fused response in two dtypes at once
+            // (fp16 and fp32 gradients) without replacing either.
+            buffers: FusionBuffers::with_budget(fusion_threshold.saturating_mul(2)),
             timeline,
             shared,
             device,
@@ -511,7 +513,8 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             if let Some(entry) = slot {
                 done.push((
                     entry.part,
-                    Err(Error::from_response(name, &response.error_message)),
+                    Err(Error::from_response(name, &response.error_message)
+                        .stall_as_timeout(self.shared.stall_timeout)),
                 ));
             }
         }

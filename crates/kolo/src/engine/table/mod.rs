@@ -21,6 +21,7 @@
 //! submission's completion.
 
 use crate::engine::completion::Completion;
+use crate::engine::desync::{Op, Standing, LISTED};
 use crate::engine::names::TensorNames;
 use crate::engine::progress::Progress;
 use crate::engine::submission::{Input, Inputs, Names, Shapes, Submission};
@@ -173,6 +174,9 @@ pub(crate) struct Table {
     reclaim_at: usize,
     /// Set once the engine stopped: why new operations are refused.
     closed: Option<Error>,
+    /// The last done submission forgotten from `live` (for the desync
+    /// report): its sequence number and names.
+    last_done: Option<(u64, Arc<TensorNames>)>,
 }
 
 impl Table {
@@ -309,11 +313,81 @@ impl Table {
     /// whatever the order).
     fn prune_live(&mut self) {
         let done = self.live.iter().take_while(|(_, c)| c.is_done()).count();
+        if let Some((seq, completion)) = done.checked_sub(1).map(|last| &self.live[last]) {
+            note_done(&mut self.last_done, *seq, completion);
+        }
         self.live.drain(..done);
         if self.live.len() >= self.sweep_live_at.max(LIVE_SWEEP_FLOOR) {
-            self.live.retain(|(_, c)| !c.is_done());
+            self.forget_every_done();
             self.sweep_live_at = 2 * self.live.len();
         }
+    }
+
+    /// Forgets every done submission of `live`, noting the last.
+    fn forget_every_done(&mut self) {
+        if let Some((seq, completion)) = self.live.iter().rev().find(|(_, c)| c.is_done()) {
+            note_done(&mut self.last_done, *seq, completion);
+        }
+        self.live.retain(|(_, c)| !c.is_done());
+    }
+
+    /// When the oldest submission still pending was made, if any.
+    pub(crate) fn oldest_pending(&self) -> Option<std::time::Instant> {
+        self.live
+            .iter()
+            .filter(|(_, c)| !c.is_done())
+            .map(|(_, c)| c.submitted())
+            .min()
+    }
+
+    /// Where this rank (`rank`) stands at `now`: its last completed
+    /// submission and its pending ones (see [`crate::engine::desync`]).
+    pub(crate) fn standing(&self, rank: usize, now: std::time::Instant) -> Standing {
+        let first = |names: &TensorNames| {
+            if names.len() == 0 {
+                String::new()
+            } else {
+                names.get(0).to_owned()
+            }
+        };
+        let mut last_done = self.last_done.as_ref().map(|(seq, names)| (*seq, names));
+        let mut pending = Vec::new();
+        let mut pending_total = 0u64;
+        for (seq, completion) in &self.live {
+            if completion.is_done() {
+                if last_done.is_none_or(|(last, _)| *seq > last) {
+                    last_done = Some((*seq, completion.names()));
+                }
+                continue;
+            }
+            pending_total += 1;
+            if pending.len() < LISTED {
+                pending.push(Op {
+                    seq: *seq,
+                    tensor: first(completion.names()),
+                    waited: now.saturating_duration_since(completion.submitted()),
+                });
+            }
+        }
+        Standing {
+            rank,
+            last_done: last_done.map(|(seq, names)| Op {
+                seq,
+                tensor: first(names),
+                waited: std::time::Duration::ZERO,
+            }),
+            pending,
+            pending_total,
+        }
+    }
+
+    /// Takes every submission that may be in flight (the watchdog fails
+    /// them once the table is closed).
+    pub(crate) fn take_live(&mut self) -> Vec<Arc<Completion>> {
+        std::mem::take(&mut self.live)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect()
     }
 
     /// True when submission `seq` is done (or forgotten, hence done).
@@ -491,7 +565,7 @@ impl Table {
         if !due || !self.queue.named.is_empty() || !self.queue.submissions.is_empty() {
             return;
         }
-        self.live.retain(|(_, c)| !c.is_done());
+        self.forget_every_done();
         // Remembered groups may name freed ids.
         self.memos.clear();
         self.known.clear();
@@ -532,6 +606,13 @@ impl Table {
     /// Why the engine stopped, if it did.
     pub(crate) fn closed(&self) -> Option<&Error> {
         self.closed.as_ref()
+    }
+}
+
+/// Keeps the later of the last done submission noted and `seq`.
+fn note_done(last: &mut Option<(u64, Arc<TensorNames>)>, seq: u64, completion: &Completion) {
+    if last.as_ref().is_none_or(|(noted, _)| seq > *noted) {
+        *last = Some((seq, Arc::clone(completion.names())));
     }
 }
 

@@ -427,3 +427,46 @@ fn names_in_flight_are_never_reclaimed() {
     w.table.reclaim(|_| true);
     assert_eq!(w.table.known(), names.len());
 }
+
+#[test]
+fn the_standing_names_the_last_done_and_the_pending_submissions_in_order() {
+    let mut w = World::default();
+    let now = std::time::Instant::now();
+    assert_eq!(
+        w.table.standing(3, now),
+        Standing {
+            rank: 3,
+            ..Standing::default()
+        }
+    );
+    assert_eq!(w.table.oldest_pending(), None);
+    w.insert(&["a"]).unwrap();
+    w.insert(&["b", "c"]).unwrap();
+    w.insert(&["d"]).unwrap();
+    assert!(w.complete("a"));
+    assert!(w.complete("d"));
+    // `a` is forgotten at the next insert, and still the last done but one.
+    w.insert(&["e"]).unwrap();
+    let standing = w.table.standing(3, std::time::Instant::now());
+    assert_eq!(standing.rank, 3);
+    assert_eq!(
+        standing.last_done.map(|op| (op.seq, op.tensor)),
+        Some((3, "d".into()))
+    );
+    let pending: Vec<(u64, String)> = standing
+        .pending
+        .into_iter()
+        .map(|op| (op.seq, op.tensor))
+        .collect();
+    assert_eq!(pending, [(2, "b".to_owned()), (4, "e".to_owned())]);
+    assert_eq!(standing.pending_total, 2);
+    assert!(w.table.oldest_pending().is_some());
+    // Every pending submission is counted, the first LISTED listed.
+    for i in 0..2 * LISTED {
+        w.insert(&[&format!("many.{i}")]).unwrap();
+    }
+    let standing = w.table.standing(3, std::time::Instant::now());
+    assert_eq!(standing.pending.len(), LISTED);
+    assert_eq!(standing.pending_total, 2 + 2 * LISTED as u64);
+    assert_eq!(w.table.take_live().len(), 3 + 2 * LISTED);
+}

@@ -513,8 +513,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             if let Some(entry) = slot {
                 done.push((
                     entry.part,
-                    Err(Error::from_response(name, &response.error_message)
-                        .stall_as_timeout(self.shared.stall_timeout)),
+                    Err(Error::from_response(name, &response.error_message)),
                 ));
             }
         }

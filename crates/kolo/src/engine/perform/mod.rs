@@ -513,7 +513,8 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             if let Some(entry) = slot {
                 done.push((
                     entry.part,
-                    Err(Error::from_response(name, &response.error_message)),
+                    Err(Error::from_response(name, &response.error_message)
+                        .stall_as_timeout(self.shared.stall_timeout)),
                 ));
             }
         }

@@ -1,6 +1,7 @@
 //! The engine suite (`tests/engine-suite`, the same cases kolo's threads
 //! tests run) over MPI under a real `mpirun`, plus MPI's own: the thread
-//! level, and a rank that fails mid-training by panicking or by exiting.
+//! level, and a rank that fails mid-training by panicking, by exiting or
+//! by being killed with SIGKILL (`engine_killed`).
 //!
 //! `cargo test` runs this binary directly (it is `harness = false`); it then
 //! starts a job of itself under `mpirun` per suite job (see [`suite_jobs`])
@@ -9,6 +10,8 @@
 //! `kolo-case NAME RANK ok` line per case; a rank whose case fails prints
 //! why and aborts the job (so no peer is left waiting). This process then
 //! judges each case of each job, libtest style.
+
+mod engine_killed;
 
 use kolo::{Config, Error, Kolo};
 use kolo_engine_suite::{
@@ -123,10 +126,15 @@ fn harness(exe: &Path) -> Vec<Verdict> {
             .env("KOLO_START_TIMEOUT", "3")
             .args(["--start", ":", "-np", "1", "/bin/true"]),
     );
+    // A rank SIGKILLed mid-collective at 2, 3 and 4 processes.
+    jobs.extend(engine_killed::jobs(launcher_job, &dir_arg));
     let mut lines: HashMap<String, Vec<CaseLine>> = HashMap::new();
     let mut verdicts = launcher::run_jobs(exe, &jobs, |job, result| {
         if job.name == NEVER_INITIALISED {
             return vec![start_bound_verdict(result)];
+        }
+        if engine_killed::is_mine(job) {
+            return engine_killed::verdicts(job, result, dir.path());
         }
         let Some(suite_job) = suite.iter().find(|s| s.name == job.name) else {
             return vec![failure_verdict(&job.name, 1, result)];
@@ -227,8 +235,9 @@ fn failure_verdict(job: &str, rank: usize, result: &Result<Output, String>) -> V
 }
 
 /// One rank of a job: `--job NAME --dir DIR` (a suite job), `--fail
-/// Panic|Exit` (a failure job) or `--start` (beside a peer that never
-/// initialises MPI).
+/// Panic|Exit` (a failure job), `--kill RANK` (a rank SIGKILLed, see
+/// `engine_killed`) or `--start` (beside a peer that never initialises
+/// MPI).
 fn rank_main(args: &[String]) -> Result<(), String> {
     let config = Config::from_env().map_err(|e| format!("KOLO_* settings: {e}"))?;
     if args.iter().any(|a| a == "--start") {
@@ -237,6 +246,9 @@ fn rank_main(args: &[String]) -> Result<(), String> {
             Ok(_) => Err("Kolo::init_mpi started without its peer".into()),
             Err(e) => Err(format!("Kolo::init_mpi: {e}")),
         };
+    }
+    if args.iter().any(|a| a == "--kill") {
+        return engine_killed::rank_main(config, args);
     }
     if let Some(fault) = launcher::flag_value(args, "--fail") {
         let fault = match fault {

@@ -283,3 +283,119 @@ fn run_all_returns_every_ranks_own_outcome() {
     let bad = Config::default().cycle_time(Duration::from_secs(3600));
     assert!(kolo::threads::run_all(2, bad, |_| Ok::<_, StepError>(())).is_err());
 }
+
+/// When a thread rank panics in [`panicking_rank_case`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PanicAt {
+    /// Before its first collective.
+    Before,
+    /// In step [`PANIC_STEP`], with the step's first allreduce submitted
+    /// (and reduced with the peers') and its second not.
+    During,
+    /// Once step [`PANIC_STEP`] completed, before the next.
+    After,
+}
+
+/// The step a rank panics in (or after).
+const PANIC_STEP: usize = 2;
+
+/// How long one case may take before it counts as hung.
+const CASE_BOUND: Duration = Duration::from_secs(60);
+
+/// `rank` of `np` panics at `at`; the others train until a call fails.
+/// Every other rank's failing call must be the first one that cannot
+/// complete without the culprit (or the one before, which may race with
+/// its panic) and name it, and `run` must return the panic as the cause.
+fn panicking_rank_case(np: usize, culprit: usize, at: PanicAt) -> Result<(), String> {
+    let case = format!("rank {culprit} of {np} panicking {at:?} a collective");
+    let boom = match at {
+        PanicAt::Before => format!("rank {culprit} panics before its first collective"),
+        PanicAt::During => format!("rank {culprit} panics in step {PANIC_STEP}, half submitted"),
+        PanicAt::After => format!("rank {culprit} panics after step {PANIC_STEP}"),
+    };
+    let seen = std::sync::Mutex::new(Vec::new());
+    let err = kolo::threads::run(np, config(), |kolo| {
+        let rank = kolo.rank();
+        let culprit_at = |phase: PanicAt| rank == culprit && at == phase;
+        if culprit_at(PanicAt::Before) {
+            panic!("{boom}");
+        }
+        for step in 0..=PANIC_STEP + 1 {
+            if culprit_at(PanicAt::After) && step == PANIC_STEP + 1 {
+                panic!("{boom}");
+            }
+            let (mut first, mut second) = (vec![1.0f32; 4096], vec![2i64; 64]);
+            let outcome = kolo.scope(|s| {
+                let a = s.allreduce_async(&format!("step{step}/a"), &mut first, ReduceOp::Sum)?;
+                if culprit_at(PanicAt::During) && step == PANIC_STEP {
+                    panic!("{boom}");
+                }
+                let b = s.allreduce_async(&format!("step{step}/b"), &mut second, ReduceOp::Sum)?;
+                a.wait()?;
+                b.wait()
+            });
+            if let Err(e) = outcome {
+                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                seen.push((rank, step, e.clone()));
+                return Err(e);
+            }
+        }
+        Ok(())
+    })
+    .err()
+    .ok_or_else(|| format!("{case}: run succeeded"))?;
+    let cause = format!("rank {culprit} panicked: {boom}");
+    match &err {
+        Error::RankFailed { rank, message } if *rank == culprit && message.contains(&cause) => {}
+        other => return Err(format!("{case}: run returned {other:?}, not {cause:?}")),
+    }
+    let mut seen = seen.into_inner().unwrap_or_else(|p| p.into_inner());
+    seen.sort_by_key(|(rank, ..)| *rank);
+    let ranks: Vec<usize> = seen.iter().map(|(rank, ..)| *rank).collect();
+    let others: Vec<usize> = (0..np).filter(|&r| r != culprit).collect();
+    if ranks != others {
+        return Err(format!(
+            "{case}: ranks {ranks:?} failed, not {others:?}: {seen:?}"
+        ));
+    }
+    // The first step the culprit never completes, and the one before.
+    let stuck = match at {
+        PanicAt::Before => 0,
+        PanicAt::During => PANIC_STEP,
+        PanicAt::After => PANIC_STEP + 1,
+    };
+    for (rank, step, e) in &seen {
+        let named = match e {
+            Error::RankFailed { rank: failed, .. } => *failed == culprit,
+            other => other.to_string().contains(&format!("rank {culprit} ")),
+        };
+        if !named || *step > stuck || *step + 1 < stuck {
+            return Err(format!("{case}: rank {rank} failed at step {step}: {e:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// A thread rank that panics before, during or after a collective, at 2,
+/// 3 and 4 ranks, as rank 0 and as the last rank: every other rank's call
+/// fails naming it, `run` returns the panic as the cause, and no case
+/// hangs (each is bounded by [`CASE_BOUND`]).
+#[test]
+fn a_rank_panicking_before_during_or_after_a_collective_fails_every_peer() {
+    let mut cases = Vec::new();
+    for np in [2, 3, 4] {
+        for at in [PanicAt::Before, PanicAt::During, PanicAt::After] {
+            cases.extend([(np, 0, at), (np, np - 1, at)]);
+        }
+    }
+    for (np, culprit, at) in cases {
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(panicking_rank_case(np, culprit, at));
+        });
+        match outcome.recv_timeout(CASE_BOUND) {
+            Ok(result) => result.unwrap_or_else(|why| panic!("{why}")),
+            Err(_) => panic!("rank {culprit} of {np} panicking {at:?}: hung for {CASE_BOUND:?}"),
+        }
+    }
+}

@@ -3,7 +3,8 @@
 //! this crate's front end). [`plan`] computes each rank's variables;
 //! [`launch`] starts and supervises them; [`run_captured`] runs a local
 //! job with every rank's output kept, for tests and tools that check what
-//! each rank printed.
+//! each rank printed; [`netns`] runs one across two hosts made of network
+//! namespaces.
 //!
 //! ```
 //! use std::time::Duration;
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod launch;
+pub mod netns;
 pub mod plan;
 
 use std::io::Read;
@@ -76,8 +78,22 @@ pub fn run_captured(
         let err = child.stderr.take().map(drain);
         running.push((child, out, err));
     }
+    Ok(collect(running, bound))
+}
+
+/// A started rank: its process and the threads reading its output.
+type Running = (
+    std::process::Child,
+    Option<std::thread::JoinHandle<String>>,
+    Option<std::thread::JoinHandle<String>>,
+);
+
+/// Waits for every rank of `running` (in rank order) until `bound` from
+/// now, kills the process group of any still running then, and returns
+/// what each did.
+fn collect(running: Vec<Running>, bound: Duration) -> Vec<RankOutput> {
     let deadline = Instant::now() + bound;
-    let mut outputs = Vec::with_capacity(ranks);
+    let mut outputs = Vec::with_capacity(running.len());
     for (rank, (mut child, out, err)) in running.into_iter().enumerate() {
         let status = loop {
             match child.try_wait() {
@@ -102,7 +118,7 @@ pub fn run_captured(
             stderr: text(err),
         });
     }
-    Ok(outputs)
+    outputs
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {

@@ -71,11 +71,18 @@ impl StoreBulletin {
 
 impl Bulletin for StoreBulletin {
     fn post(&self, rank: usize, fault: &[u8]) {
-        if let Some(rendezvous) = self.rendezvous.lock().as_mut() {
-            let client = rendezvous.client();
-            if client.set(&format!("kolo/fault/{rank}"), fault).is_ok() {
-                let _ = client.add(FAULTS, 1);
-            }
+        let mut guard = self.rendezvous.lock();
+        let Some(rendezvous) = guard.as_mut() else {
+            return;
+        };
+        let client = rendezvous.client();
+        let posted = client
+            .set(&format!("kolo/fault/{rank}"), fault)
+            .and_then(|()| client.add(FAULTS, 1));
+        if posted.is_err() {
+            // A store that cannot be reached (its host gone, a link down)
+            // is not asked again: each try could wait for its reply.
+            *guard = None;
         }
     }
 
@@ -85,9 +92,13 @@ impl Bulletin for StoreBulletin {
             return vec![None; size];
         };
         let client = rendezvous.client();
-        // A store that is gone (its host died) has nothing to say.
-        if client.add(FAULTS, 0).unwrap_or(0) <= 0 {
-            return vec![None; size];
+        match client.add(FAULTS, 0) {
+            Ok(count) if count > 0 => {}
+            Ok(_) => return vec![None; size],
+            Err(_) => {
+                *guard = None;
+                return vec![None; size];
+            }
         }
         (0..size)
             .map(|rank| client.get(&format!("kolo/fault/{rank}"), READ_BOUND).ok())

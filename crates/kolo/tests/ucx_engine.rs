@@ -3,7 +3,8 @@
 //! kolo-rendezvous, as kolo-run starts them, each with its own engine
 //! (`Kolo::init_ucx`). The main sequence at 2, 3 and 4 processes over
 //! shared memory and over TCP, the submission-order jobs at 2, the
-//! operation timeout at 3 over TCP, and
+//! operation timeout at 3 over TCP, a rank frozen by SIGSTOP at 3 and a
+//! link set down between two hosts (network namespaces) at 4, and
 //! the train example as four processes (`--backend ucx`).
 //! With `nccl` too, `Kolo::init_nccl_ucx` at 2 and 3 processes: NCCL's
 //! bootstrap through the rendezvous store either starts every rank's GPU
@@ -16,6 +17,7 @@
 
 use kolo::{Config, Kolo};
 use kolo_engine_suite::{judge, run_rank, Case, CaseLine, Job};
+use kolo_run::netns::{run_on_hosts, Hosts};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -27,23 +29,46 @@ const JOB_BOUND: Duration = Duration::from_secs(300);
 /// segments in place).
 const PACKS: bool = true;
 
-/// Every job, with the transports it runs over.
-fn jobs() -> Vec<(Job, &'static str)> {
-    let mut jobs: Vec<(Job, &str)> = [2, 3, 4]
+/// Where a job's ranks run.
+#[derive(Clone, Copy)]
+enum Place {
+    /// On this host, over these UCX transports.
+    Local(&'static str),
+    /// Half on each of two hosts made of network namespaces, over TCP
+    /// (see `kolo_run::netns`).
+    TwoHosts,
+}
+
+/// Every job, with where it runs.
+fn jobs() -> Vec<(Job, Place)> {
+    use Place::{Local, TwoHosts};
+    let mut jobs: Vec<(Job, Place)> = [2, 3, 4]
         .into_iter()
-        .map(|np| (Job::main(np, &[]), "sm,self"))
+        .map(|np| (Job::main(np, &[]), Local("sm,self")))
         .collect();
     for np in [2, 3, 4] {
         let mut tcp = Job::main(np, &[]);
         tcp.name = format!("main_np{np}_tcp");
-        jobs.push((tcp, "tcp,self"));
+        jobs.push((tcp, Local("tcp,self")));
     }
     jobs.extend(
         kolo_engine_suite::order_jobs(&[2])
             .into_iter()
-            .map(|job| (job, "sm,self")),
+            .map(|job| (job, Local("sm,self"))),
     );
-    jobs.push((Job::timeout(3), "tcp,self"));
+    jobs.push((Job::timeout(3), Local("tcp,self")));
+    jobs.push((
+        Job::new(
+            "link_down_np4",
+            4,
+            vec![Case::new(
+                "a_link_down_times_out_on_every_rank_naming_the_far_ranks",
+                link_down,
+            )],
+        )
+        .with_settings(|config| config.timeout(Duration::from_secs(2))),
+        TwoHosts,
+    ));
     jobs.push((
         Job::new(
             "frozen_np3",
@@ -54,9 +79,62 @@ fn jobs() -> Vec<(Job, &'static str)> {
             )],
         )
         .with_settings(|config| config.timeout(Duration::from_secs(1))),
-        "tcp,self",
+        Local("tcp,self"),
     ));
     jobs
+}
+
+/// Four ranks, two on each of two hosts (network namespaces joined by a
+/// link). After some allreduces rank 0 sets its end of the link down:
+/// nothing fails at once (TCP retransmits into the void), so the watchdog
+/// ends every rank's wait. Each fails within the bound with a timeout (or
+/// the loss of a rank of the other host, should UCX notice first), its
+/// report naming the ranks it could not hear from.
+fn link_down(kolo: &Kolo) -> Result<Option<u64>, kolo::Error> {
+    use kolo::{Error, ReduceOp};
+    const CUT_AT: usize = 5;
+    let rank = kolo.rank();
+    let mut x = [1f32; 1024];
+    let mut cut = None;
+    for step in 0..1000 {
+        if step == CUT_AT {
+            // Every rank is past step CUT_AT - 1; none can finish this one.
+            if rank == 0 {
+                let device = std::env::var("KOLO_NETNS_DEVICE").unwrap_or_default();
+                let down = std::process::Command::new("ip")
+                    .args(["link", "set", &device, "down"])
+                    .status();
+                assert!(
+                    down.is_ok_and(|s| s.success()),
+                    "ip link set {device} down failed"
+                );
+            }
+            cut = Some(std::time::Instant::now());
+        }
+        match kolo.allreduce(&format!("link/{step}"), &mut x, ReduceOp::Max) {
+            Ok(()) => assert!(step < CUT_AT, "rank {rank}: step {step} went through"),
+            Err(err) => {
+                assert!(step >= CUT_AT, "rank {rank}: step {step} failed: {err}");
+                let waited = cut.map(|at| at.elapsed()).unwrap_or_default();
+                assert!(waited < Duration::from_secs(30), "{waited:?}: {err}");
+                let far = if rank < 2 { [2, 3] } else { [0, 1] };
+                match &err {
+                    Error::Timeout { report, .. } => assert!(
+                        report.contains("did not report")
+                            && far.iter().all(|r| report.contains(&r.to_string())),
+                        "rank {rank}: {err}"
+                    ),
+                    Error::RankFailed { rank: lost, .. } => {
+                        assert!(far.contains(lost), "rank {rank}: {err}")
+                    }
+                    other => panic!("rank {rank}: expected a timeout, got {other:?}"),
+                }
+                println!("rank {rank}: step {step} failed after {waited:?}: {err}");
+                return Ok(None);
+            }
+        }
+    }
+    panic!("rank {rank}: no step failed");
 }
 
 /// How long rank 2 of [`frozen_rank`] stays stopped.
@@ -125,20 +203,24 @@ fn main() -> ExitCode {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut failed = Vec::new();
     let mut passed = 0;
-    for (job, tls) in jobs() {
+    for (job, place) in jobs() {
         let dir_arg = dir.path().display().to_string();
-        let env = [
-            ("UCX_TLS", tls),
-            ("KOLO_CYCLE_TIME", "1"),
-            ("KOLO_RENDEZVOUS_TIMEOUT", "60"),
-        ];
-        let ranks = match kolo_run::run_captured(
-            job.ranks,
-            &exe,
-            &["--job", &job.name, "--dir", &dir_arg],
-            &env,
-            JOB_BOUND,
-        ) {
+        let args = ["--job", job.name.as_str(), "--dir", &dir_arg];
+        let env = [("KOLO_CYCLE_TIME", "1"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+        let started = match place {
+            Place::Local(tls) => {
+                let env = [env.as_slice(), &[("UCX_TLS", tls)]].concat();
+                kolo_run::run_captured(job.ranks, &exe, &args, &env, JOB_BOUND)
+            }
+            Place::TwoHosts if !Hosts::enabled() => {
+                println!("note: {} left out (KOLO_NETNS_TESTS=0)", job.name);
+                continue;
+            }
+            Place::TwoHosts => Hosts::make(1).and_then(|hosts| {
+                run_on_hosts(&hosts, job.ranks / 2, &exe, &args, &env, JOB_BOUND)
+            }),
+        };
+        let ranks = match started {
             Ok(ranks) => ranks,
             Err(why) => {
                 println!("test {}::start ... FAILED\n{why}", job.name);

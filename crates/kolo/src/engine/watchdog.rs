@@ -17,8 +17,8 @@
 //! 2. posts the fault on the job's [`Bulletin`] (where the backend has
 //!    one: the thread ranks' shared memory, the UCX job's rendezvous
 //!    store), so that every other rank's watchdog stops its engine with
-//!    the same cause, and rank 0 writes the desync [`paragraph`] from
-//!    every standing posted;
+//!    the same cause, and puts the desync [`paragraph`] over every
+//!    standing posted within a moment in its error (rank 0 logs it);
 //! 3. interrupts the backend's waits and aborts the engine, whose thread
 //!    then stops (its abort hook fails the backend for the peers).
 //!
@@ -329,8 +329,9 @@ impl Watch {
     }
 
     /// Logs where this rank stands and posts its fault (`cause`, first
-    /// raised by rank `origin`); on rank 0 returns (and logs) the desync
-    /// paragraph over every standing posted within the gather window.
+    /// raised by rank `origin`); returns the desync paragraph over every
+    /// standing posted within the gather window (which rank 0 logs), where
+    /// the job has a bulletin.
     fn publish(
         &self,
         cause: &str,
@@ -349,23 +350,26 @@ impl Watch {
             standing,
         };
         bulletin.post(self.rank, &fault.encode());
-        if self.rank != 0 {
-            return None;
-        }
+        // Every rank waits a moment for the others' standings, so that its
+        // error names the ranks behind; rank 0 logs the paragraph.
         let deadline = Instant::now() + gather_window(self.timeout);
         let standings = loop {
-            let standings: Vec<Option<Standing>> = bulletin
+            let mut standings: Vec<Option<Standing>> = bulletin
                 .posted(self.size)
                 .into_iter()
                 .map(|bytes| Fault::decode(&bytes?).map(|f| f.standing))
                 .collect();
+            // Its own, also where the store cannot be reached.
+            standings[self.rank] = Some(fault.standing.clone());
             if standings.iter().all(Option::is_some) || Instant::now() >= deadline {
                 break standings;
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         let text = paragraph(&standings);
-        tracing::error!(rank = 0, "kolo {text}");
+        if self.rank == 0 {
+            tracing::error!(rank = 0, "kolo {text}");
+        }
         Some(text)
     }
 }

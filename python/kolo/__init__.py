@@ -39,6 +39,7 @@ from .errors import (
     KoloError,
     MismatchError,
     NotInitializedError,
+    OperationTimeoutError,
     RankFailedError,
     ShutDownError,
     StalledError,
@@ -305,4 +306,5 @@ __all__ = [
     "poll", "synchronize", "Handle", "run_job",
     "KoloError", "MismatchError", "StalledError", "ShutDownError", "RankFailedError",
     "InvalidArgumentError", "StartError", "NotInitializedError", "TimeoutError",
+    "OperationTimeoutError",
 ]

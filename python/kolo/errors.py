@@ -15,6 +15,13 @@ class StalledError(KoloError):
     """Some ranks never submitted the tensor (the stall inspector gave up)."""
 
 
+class OperationTimeoutError(KoloError, TimeoutError):
+    """An operation did not complete within KOLO_TIMEOUT: kolo stopped on
+    every rank it could reach. The message is the desync report: this
+    rank's last completed and first pending operations, and which ranks
+    are behind on which tensor."""
+
+
 class ShutDownError(KoloError):
     """kolo shut down before the operation completed."""
 
@@ -45,6 +52,7 @@ __all__ = [
     "KoloError",
     "MismatchError",
     "StalledError",
+    "OperationTimeoutError",
     "ShutDownError",
     "RankFailedError",
     "InvalidArgumentError",

@@ -11,6 +11,7 @@ pub(crate) fn raise(py: Python<'_>, e: Error) -> PyErr {
     let class = match &e {
         Error::Mismatch { .. } => "MismatchError",
         Error::Stalled { .. } => "StalledError",
+        Error::Timeout { .. } => "OperationTimeoutError",
         Error::ShutDown { .. } => "ShutDownError",
         Error::RankFailed { .. } => "RankFailedError",
         Error::InvalidArgument { .. } | Error::DuplicateName { .. } => "InvalidArgumentError",

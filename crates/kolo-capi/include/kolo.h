@@ -56,6 +56,11 @@
 // A bug in kolo (a panic caught at the boundary).
 #define KOLO_ERR_INTERNAL -12
 
+// An operation did not complete within `KOLO_TIMEOUT`: kolo stopped on
+// every rank it could reach; `kolo_last_error()` carries the desync
+// report.
+#define KOLO_ERR_TIMEOUT -13
+
 // The most dimensions a tensor may have.
 #define KOLO_MAX_DIMS 32
 

@@ -40,6 +40,10 @@ pub const KOLO_ERR_START: i32 = -10;
 pub const KOLO_ERR_UNKNOWN_HANDLE: i32 = -11;
 /// A bug in kolo (a panic caught at the boundary).
 pub const KOLO_ERR_INTERNAL: i32 = -12;
+/// An operation did not complete within `KOLO_TIMEOUT`: kolo stopped on
+/// every rank it could reach; `kolo_last_error()` carries the desync
+/// report.
+pub const KOLO_ERR_TIMEOUT: i32 = -13;
 
 thread_local! {
     /// The message of this thread's last failure.
@@ -78,6 +82,7 @@ pub(crate) fn code_of(e: &Error) -> i32 {
         Error::Mismatch { .. } => KOLO_ERR_MISMATCH,
         Error::Remote { .. } => KOLO_ERR_REFUSED,
         Error::Stalled { .. } => KOLO_ERR_STALLED,
+        Error::Timeout { .. } => KOLO_ERR_TIMEOUT,
         Error::DuplicateName { .. } => KOLO_ERR_DUPLICATE_NAME,
         Error::ShutDown { .. } => KOLO_ERR_SHUT_DOWN,
         Error::RankFailed { .. } => KOLO_ERR_RANK_FAILED,

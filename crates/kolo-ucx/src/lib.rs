@@ -48,6 +48,7 @@ pub mod result;
 pub mod safe;
 pub mod sys;
 pub mod tags;
+mod tuning;
 
 pub use comm::{UcxComm, UcxError};
 pub use safe::wait::Interrupter;

@@ -91,6 +91,25 @@ pub unsafe fn config_read() -> Result<*mut sys::ucp_config_t, UcsError> {
     Ok(config)
 }
 
+/// `ucp_config_modify`: sets `name` (without the `UCX_` prefix; a
+/// transport's setting also without its transport's, e.g. `TX_SEG_SIZE`
+/// for `UCX_TCP_TX_SEG_SIZE`) to `value`. It takes precedence over the
+/// environment's value.
+///
+/// # Safety
+/// `config` came from [`config_read`] and is not released yet.
+pub unsafe fn config_modify(
+    config: *mut sys::ucp_config_t,
+    name: &CStr,
+    value: &CStr,
+) -> Result<(), UcsError> {
+    // SAFETY: per the contract; both strings are NUL-terminated and UCX
+    // copies them.
+    check("ucp_config_modify", unsafe {
+        sys::ucp_config_modify(config, name.as_ptr(), value.as_ptr())
+    })
+}
+
 /// `ucp_config_release`.
 ///
 /// # Safety

@@ -5,6 +5,7 @@
 
 use crate::result::{self, Started, UcsError};
 use crate::sys;
+use crate::tuning::{self, Setting};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -24,11 +25,17 @@ pub struct Worker {
 unsafe impl Send for Worker {}
 
 impl Worker {
-    /// A context with tag matching (configured from `UCX_*` variables) and
-    /// its worker.
+    /// A context with tag matching (configured from `UCX_*` variables, and
+    /// kolo's settings where they leave UCX's defaults: see
+    /// [`crate::tuning`]) and its worker.
     pub fn new() -> Result<Worker, UcsError> {
         // SAFETY: the config is released below, after the context is made.
         let config = unsafe { result::config_read() }?;
+        if let Err(e) = apply(config, &tuning::settings(|name| std::env::var(name).ok())) {
+            // SAFETY: the config is not used again.
+            unsafe { result::config_release(config) };
+            return Err(e);
+        }
         let params = sys::ucp_params_t {
             field_mask: sys::UCP_PARAM_FIELD_FEATURES as u64,
             features: sys::UCP_FEATURE_TAG as u64,
@@ -72,6 +79,16 @@ impl Worker {
     pub(crate) fn raw(&self) -> sys::ucp_worker_h {
         self.worker
     }
+}
+
+/// Sets each of `settings` in `config`.
+fn apply(config: *mut sys::ucp_config_t, settings: &[Setting]) -> Result<(), UcsError> {
+    for &(name, value) in settings {
+        // SAFETY: `config` came from `config_read` and is released only
+        // after this; UCX copies both strings.
+        unsafe { result::config_modify(config, name, value) }?;
+    }
+    Ok(())
 }
 
 impl Drop for Worker {

@@ -14,6 +14,20 @@
 
 include!(concat!(env!("OUT_DIR"), "/ucp.rs"));
 
+// Declared by hand rather than generated: its signature has been the same
+// since UCX 1.0, and `ucp_config_t` and `ucs_status_t` come from the
+// generated declarations above.
+unsafe extern "C" {
+    /// `ucp_config_modify`: sets one setting of a UCP configuration (a UCP
+    /// name, or a transport's name without its prefix, e.g.
+    /// `TX_SEG_SIZE`) as if it had been read from the environment.
+    pub fn ucp_config_modify(
+        config: *mut ucp_config_t,
+        name: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_char,
+    ) -> ucs_status_t;
+}
+
 /// `UCS_PTR_IS_ERR`: the pointer a non-blocking call returned encodes an
 /// error status.
 pub fn ptr_is_err(ptr: ucs_status_ptr_t) -> bool {

@@ -180,25 +180,42 @@ def synchronize(handle, timeout=None):
     return handle.wait(timeout)
 
 
-def allreduce(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+class Compression:
+    """How an allreduce's float32 and float64 data travel (Horovod's
+    ``Compression``): ``fp16`` and ``bf16`` cast them to 16 bits in kolo's
+    fusion buffer, halving the bytes moved, and back after the collective;
+    other data types travel as they are. Every rank must pass the same."""
+
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+def allreduce(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+              compression=Compression.none):
     """Reduces `tensor` across all ranks in place and returns it:
     ``postscale * op(prescale * tensor_r for every rank r)``. Tensors
-    reduced at about the same time are fused into one collective."""
+    reduced at about the same time are fused into one collective;
+    `compression` (:class:`Compression`) makes float data travel in 16 bits."""
     native, stream = _native(tensor)
-    _kolo.allreduce(native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream)
+    _kolo.allreduce(native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream,
+                    compression=compression)
     return tensor
 
 
-def allreduce_async(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                    compression=Compression.none):
     """:func:`allreduce`, returning a :class:`Handle` at once."""
     native, stream = _native(tensor)
     handle = _kolo.allreduce_async(
-        native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream
+        native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream,
+        compression=compression,
     )
     return Handle(handle, lambda _: tensor)
 
 
-def grouped_allreduce_async(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0,
+                            compression=Compression.none):
     """:func:`grouped_allreduce`, returning a :class:`Handle` at once."""
     tensors = list(tensors)
     if names is None:
@@ -207,15 +224,19 @@ def grouped_allreduce_async(tensors, op=Sum, names=None, prescale_factor=1.0, po
     natives = [_native(t) for t in tensors]
     stream = natives[0][1] if natives else 0
     handle = _kolo.grouped_allreduce_async(
-        [n for n, _ in natives], list(names), op, prescale_factor, postscale_factor, stream
+        [n for n, _ in natives], list(names), op, prescale_factor, postscale_factor, stream,
+        compression=compression,
     )
     return Handle(handle, lambda _: tensors)
 
 
-def grouped_allreduce(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0,
+                      compression=Compression.none):
     """Reduces `tensors` (one data type and device) in place as one fused
     group and returns them; every rank passes the same group."""
-    return grouped_allreduce_async(tensors, op, names, prescale_factor, postscale_factor).wait()
+    return grouped_allreduce_async(
+        tensors, op, names, prescale_factor, postscale_factor, compression
+    ).wait()
 
 
 def broadcast_async(tensor, root_rank=0, name=None):
@@ -303,7 +324,7 @@ __all__ = [
     "mpi_threads_supported", "allreduce", "allreduce_async", "grouped_allreduce",
     "grouped_allreduce_async", "broadcast", "broadcast_async", "allgather", "allgather_async",
     "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async", "barrier", "join",
-    "poll", "synchronize", "Handle", "run_job",
+    "poll", "synchronize", "Handle", "run_job", "Compression",
     "KoloError", "MismatchError", "StalledError", "ShutDownError", "RankFailedError",
     "InvalidArgumentError", "StartError", "NotInitializedError", "TimeoutError",
     "OperationTimeoutError",

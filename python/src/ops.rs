@@ -8,7 +8,7 @@ use crate::errors::raise;
 use crate::handle::{Handle, Output};
 use crate::intake::{intake, Held, Intake};
 use kolo::raw::RawHandle;
-use kolo::{Kolo, ReduceOp, ReduceOptions, TensorGroup};
+use kolo::{Compression, Kolo, ReduceOp, ReduceOptions, TensorGroup};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -42,18 +42,33 @@ fn finish(py: Python<'_>, submitted: Submitted) -> PyResult<Option<Py<Output>>> 
     }
 }
 
-/// The options of a reduction: `op` a code of `kolo.Sum`, `kolo.Average`...
-fn reduce_options(name: &str, op: usize, prescale: f64, postscale: f64) -> PyResult<ReduceOptions> {
+/// The options of a reduction: `op` a code of `kolo.Sum`, `kolo.Average`...,
+/// `compression` a name of `kolo.Compression` (`"none"`, `"fp16"`, `"bf16"`).
+fn reduce_options(
+    name: &str,
+    op: usize,
+    prescale: f64,
+    postscale: f64,
+    compression: &str,
+) -> PyResult<ReduceOptions> {
     let op = ReduceOp::ALL.get(op).copied().ok_or_else(|| {
         PyValueError::new_err(format!(
             "tensor '{name}': unknown reduce op {op} (kolo.Sum = 0 ... kolo.Product = 4)"
         ))
     })?;
+    let compression = Compression::from_name(compression).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "tensor '{name}': unknown compression {compression:?} (kolo.Compression.none, \
+             .fp16 or .bf16)"
+        ))
+    })?;
     Ok(ReduceOptions::new(op)
         .prescale(prescale)
-        .postscale(postscale))
+        .postscale(postscale)
+        .compression(compression))
 }
 
+#[allow(clippy::too_many_arguments)] // the Python call's keywords
 fn allreduce_submit(
     tensor: &Bound<'_, PyAny>,
     name: &str,
@@ -61,9 +76,10 @@ fn allreduce_submit(
     prescale: f64,
     postscale: f64,
     stream: usize,
+    compression: &str,
 ) -> PyResult<Submitted> {
     let py = tensor.py();
-    let options = reduce_options(name, op, prescale, postscale)?;
+    let options = reduce_options(name, op, prescale, postscale, compression)?;
     let Intake { tensor, held } = intake(tensor, name, true, stream)?;
     // SAFETY: `held` keeps the tensor's memory alive until the operation
     // completed (waited for here, or by the handle, whose drop hands it
@@ -75,7 +91,7 @@ fn allreduce_submit(
 
 /// Reduces `tensor` across all ranks, in place.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0))]
+#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
 pub(crate) fn allreduce(
     tensor: &Bound<'_, PyAny>,
     name: &str,
@@ -83,14 +99,15 @@ pub(crate) fn allreduce(
     prescale: f64,
     postscale: f64,
     stream: usize,
+    compression: &str,
 ) -> PyResult<()> {
-    let submitted = allreduce_submit(tensor, name, op, prescale, postscale, stream)?;
+    let submitted = allreduce_submit(tensor, name, op, prescale, postscale, stream, compression)?;
     finish(tensor.py(), submitted).map(drop)
 }
 
 /// [`allreduce`], returning a handle.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0))]
+#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
 pub(crate) fn allreduce_async(
     tensor: &Bound<'_, PyAny>,
     name: &str,
@@ -98,15 +115,18 @@ pub(crate) fn allreduce_async(
     prescale: f64,
     postscale: f64,
     stream: usize,
+    compression: &str,
 ) -> PyResult<Handle> {
-    let Submitted { raw, held } = allreduce_submit(tensor, name, op, prescale, postscale, stream)?;
+    let Submitted { raw, held } =
+        allreduce_submit(tensor, name, op, prescale, postscale, stream, compression)?;
     Ok(Handle::new(raw, held))
 }
 
 /// Reduces `tensors` (one data type and device) in place, fused: every
 /// rank passes the same `names` in the same order.
 #[pyfunction]
-#[pyo3(signature = (tensors, names, op=0, prescale=1.0, postscale=1.0, stream=0))]
+#[pyo3(signature = (tensors, names, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
+#[allow(clippy::too_many_arguments)] // the Python call's keywords
 pub(crate) fn grouped_allreduce_async(
     py: Python<'_>,
     tensors: Vec<Bound<'_, PyAny>>,
@@ -115,6 +135,7 @@ pub(crate) fn grouped_allreduce_async(
     prescale: f64,
     postscale: f64,
     stream: usize,
+    compression: &str,
 ) -> PyResult<Handle> {
     if tensors.len() != names.len() {
         return Err(PyValueError::new_err(format!(
@@ -124,7 +145,7 @@ pub(crate) fn grouped_allreduce_async(
         )));
     }
     let first = names.first().cloned().unwrap_or_default();
-    let options = reduce_options(&first, op, prescale, postscale)?;
+    let options = reduce_options(&first, op, prescale, postscale, compression)?;
     let group = TensorGroup::new(&names).map_err(|e| raise(py, e))?;
     let mut raw = Vec::with_capacity(tensors.len());
     let mut held = Vec::with_capacity(2 * tensors.len());
@@ -189,7 +210,7 @@ pub(crate) fn reduce_scatter_async(
     stream: usize,
 ) -> PyResult<Handle> {
     let py = input.py();
-    let options = reduce_options(name, op, prescale, postscale)?;
+    let options = reduce_options(name, op, prescale, postscale, "none")?;
     let input = intake(input, name, false, stream)?;
     let output = intake(output, name, true, stream)?;
     let mut held = input.held;

@@ -32,8 +32,8 @@ fn fusion_kind(response: &Response) -> Option<(RequestKind, usize)> {
 
 /// True when `a` and `b` (both fusible, see [`fusion_kind`]) may share one
 /// fused collective: same kind, dtype and devices, and for reductions the
-/// same reduce op and scale factors (bit for bit); for allgathers the same
-/// world size.
+/// same reduce op, scale factors (bit for bit) and compression; for
+/// allgathers the same world size.
 fn same_class(a: &Response, b: &Response) -> bool {
     let (Some((kind, ranks)), Some((other_kind, other_ranks))) = (fusion_kind(a), fusion_kind(b))
     else {
@@ -47,7 +47,8 @@ fn same_class(a: &Response, b: &Response) -> bool {
         && (!reduces
             || (a.reduce_op == b.reduce_op
                 && a.prescale.to_bits() == b.prescale.to_bits()
-                && a.postscale.to_bits() == b.postscale.to_bits()))
+                && a.postscale.to_bits() == b.postscale.to_bits()
+                && a.compression == b.compression))
 }
 
 /// Bytes that `response` occupies in a fusion buffer: the sum of its
@@ -226,6 +227,7 @@ mod tests {
             dtype: DataType,
             reduce_op: Option<ReduceOp>,
             scales: Option<(u64, u64)>,
+            compression: Option<kolo_protocol::Compression>,
             devices: Vec<Device>,
             ranks: usize,
         }
@@ -247,6 +249,7 @@ mod tests {
                 reduce_op: reduces.then_some(response.reduce_op),
                 scales: reduces
                     .then(|| (response.prescale.to_bits(), response.postscale.to_bits())),
+                compression: reduces.then_some(response.compression),
                 devices: response.devices.clone(),
                 ranks,
             };

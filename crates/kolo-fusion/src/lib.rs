@@ -120,6 +120,8 @@ mod testing;
 
 pub use buffers::{FusionBuffers, DEFAULT_BUFFER_BUDGET};
 pub use error::FusionError;
-pub use execute::{fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase};
+pub use execute::{
+    compressed_allreduce, fused_allgather, fused_allreduce, fused_reduce_scatter, Edge, Phase,
+};
 pub use fusion_plan::{fuse, fused_bytes, plan, plan_groups, FusionPlan};
 pub use pack::{pack, pack_into, unpack, unpack_from, PARALLEL_COPY_BYTES};

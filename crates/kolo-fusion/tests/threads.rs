@@ -279,3 +279,159 @@ fn fused_reduce_scatter_matches_unfused_and_reference() {
         }
     }
 }
+
+/// A value with a fraction, so that the 16-bit types round it.
+fn fractional(rank: usize, tensor: usize, i: usize) -> f64 {
+    value(rank, tensor, i) / 3.0 + 0.25 + (i % 7) as f64 * 0.01
+}
+
+/// The compressed allreduce of f32 and f64 tensors through f16 and bf16,
+/// every op, 1 to 4 ranks: each result within the wire type's rounding of
+/// the exact reduction — one rounding of each input and one per step of
+/// the ring, so `(n + 2)` units of the wire type's precision times the
+/// magnitude of what was reduced.
+#[test]
+fn compressed_allreduce_stays_within_the_wire_types_precision() {
+    use kolo_fusion::compressed_allreduce;
+    use kolo_protocol::Compression;
+    let lens = [5usize, 0, 1, 33, 8];
+    for compression in [Compression::Fp16, Compression::Bf16] {
+        let unit = match compression {
+            Compression::Fp16 => 2f64.powi(-11),
+            _ => 2f64.powi(-8),
+        };
+        for n in 1..=4 {
+            for op in ReduceOp::ALL {
+                let check = |results: Vec<Vec<Vec<f64>>>| {
+                    for (rank, tensors) in results.iter().enumerate() {
+                        for (t, tensor) in tensors.iter().enumerate() {
+                            for (i, &got) in tensor.iter().enumerate() {
+                                let inputs = (0..n).map(|r| fractional(r, t, i) * SCALE.prescale);
+                                let exact = reduce(op, inputs.clone()) * SCALE.postscale;
+                                let magnitude = match op {
+                                    ReduceOp::Sum | ReduceOp::Average => {
+                                        inputs.map(f64::abs).sum::<f64>() * SCALE.postscale
+                                            / if op == ReduceOp::Average {
+                                                n as f64
+                                            } else {
+                                                1.0
+                                            }
+                                    }
+                                    _ => exact.abs(),
+                                };
+                                let bound = (n + 2) as f64 * unit * magnitude + 1e-12;
+                                assert!(
+                                    (got - exact).abs() <= bound,
+                                    "{compression} {op:?} n={n} rank {rank} tensor {t}[{i}]: \
+                                     {got} against {exact} (bound {bound})"
+                                );
+                            }
+                        }
+                    }
+                };
+                let f64s = kolo_threads::run(n, |comm| {
+                    let rank = comm.rank();
+                    let mut data: Vec<Vec<f64>> = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(t, &len)| (0..len).map(|i| fractional(rank, t, i)).collect())
+                        .collect();
+                    let mut bufs = FusionBuffers::new();
+                    let mut refs: Vec<&mut [f64]> =
+                        data.iter_mut().map(Vec::as_mut_slice).collect();
+                    compressed_allreduce(
+                        comm,
+                        &mut bufs,
+                        Device::Cpu,
+                        &mut refs,
+                        op,
+                        SCALE,
+                        compression,
+                        &mut ignore,
+                    )?;
+                    Ok::<_, FusionError>(data)
+                })
+                .expect("the compressed f64 allreduce");
+                check(f64s);
+                let f32s = kolo_threads::run(n, |comm| {
+                    let rank = comm.rank();
+                    let mut data: Vec<Vec<f32>> = lens
+                        .iter()
+                        .enumerate()
+                        .map(|(t, &len)| (0..len).map(|i| fractional(rank, t, i) as f32).collect())
+                        .collect();
+                    let mut bufs = FusionBuffers::new();
+                    let mut refs: Vec<&mut [f32]> =
+                        data.iter_mut().map(Vec::as_mut_slice).collect();
+                    compressed_allreduce(
+                        comm,
+                        &mut bufs,
+                        Device::Cpu,
+                        &mut refs,
+                        op,
+                        SCALE,
+                        compression,
+                        &mut ignore,
+                    )?;
+                    Ok::<_, FusionError>(data)
+                })
+                .expect("the compressed f32 allreduce");
+                check(
+                    f32s.into_iter()
+                        .map(|ts| {
+                            ts.into_iter()
+                                .map(|t| t.into_iter().map(f64::from).collect())
+                                .collect()
+                        })
+                        .collect(),
+                );
+            }
+        }
+    }
+}
+
+/// Integer tensors, and any tensor without a compression, travel as they
+/// are: the compressed allreduce's results are the plain one's, exactly.
+#[test]
+fn compression_leaves_other_types_exact() {
+    use kolo_fusion::compressed_allreduce;
+    use kolo_protocol::Compression;
+    let results = kolo_threads::run(3, |comm| {
+        let rank = comm.rank() as i64;
+        let mut ints = vec![vec![rank * 1_000_003; 9], vec![rank - 7; 4]];
+        let mut bufs = FusionBuffers::new();
+        let mut refs: Vec<&mut [i64]> = ints.iter_mut().map(Vec::as_mut_slice).collect();
+        compressed_allreduce(
+            comm,
+            &mut bufs,
+            Device::Cpu,
+            &mut refs,
+            ReduceOp::Sum,
+            Scale::NONE,
+            Compression::Fp16,
+            &mut ignore,
+        )?;
+        let mut floats = vec![vec![1.0f32 / 3.0 + rank as f32; 5]];
+        let mut refs: Vec<&mut [f32]> = floats.iter_mut().map(Vec::as_mut_slice).collect();
+        compressed_allreduce(
+            comm,
+            &mut bufs,
+            Device::Cpu,
+            &mut refs,
+            ReduceOp::Sum,
+            Scale::NONE,
+            Compression::None,
+            &mut ignore,
+        )?;
+        Ok::<_, FusionError>((ints, floats))
+    })
+    .expect("the allreduces");
+    for (ints, floats) in results {
+        assert_eq!(ints, vec![vec![3 * 1_000_003; 9], vec![3 - 21; 4]]);
+        let exact = (0..3).map(|r| 1.0f32 / 3.0 + r as f32).sum::<f32>();
+        assert!(
+            floats[0].iter().all(|&x| (x - exact).abs() <= 1e-6),
+            "{floats:?}"
+        );
+    }
+}

@@ -24,7 +24,7 @@ pub const MAGIC: [u8; 4] = *b"KOLO";
 
 /// The body format this build writes and the only one it reads. Bump it with
 /// any change to the serialized types (postcard is not self-describing).
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Length of the header: magic, format version and message kind.
 pub const HEADER_LEN: usize = 7;

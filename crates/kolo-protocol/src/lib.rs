@@ -59,5 +59,5 @@ pub use codec::{
 };
 pub use message::{Request, RequestList, Response, ResponseKind, ResponseList};
 pub use params::{Params, Shape};
-pub use types::{DataType, Device, ReduceOp, RequestKind};
+pub use types::{Compression, DataType, Device, ReduceOp, RequestKind};
 pub use validate::{try_validate, validate, ValidationError};

@@ -1,6 +1,6 @@
 //! Requests (rank -> coordinator) and responses (coordinator -> every rank).
 
-use crate::types::{DataType, Device, ReduceOp, RequestKind};
+use crate::types::{Compression, DataType, Device, ReduceOp, RequestKind};
 use serde::{Deserialize, Serialize};
 
 /// One rank's wish to run a collective on one named tensor.
@@ -29,6 +29,8 @@ pub struct Request {
     /// Alltoall: how many first-dimension rows go to each rank (empty means
     /// even split).
     pub splits: Vec<u64>,
+    /// Allreduce: how floating-point data travels.
+    pub compression: Compression,
 }
 
 impl Request {
@@ -53,6 +55,7 @@ impl Request {
             prescale: 1.0,
             postscale: 1.0,
             splits: Vec::new(),
+            compression: Compression::None,
         }
     }
 
@@ -121,6 +124,8 @@ pub struct Response {
     /// Number of elements of each tensor (allreduce, broadcast,
     /// reduce-scatter), in the order of `tensor_names`; used for fusion.
     pub tensor_sizes: Vec<u64>,
+    /// Allreduce: how floating-point data travels.
+    pub compression: Compression,
 }
 
 impl Response {
@@ -139,6 +144,7 @@ impl Response {
             first_dims: Vec::new(),
             splits: Vec::new(),
             tensor_sizes: Vec::new(),
+            compression: Compression::None,
         }
     }
 

@@ -5,7 +5,7 @@
 //! that repeats the last one allocates nothing to describe its tensors.
 
 use crate::message::Request;
-use crate::types::{DataType, Device, ReduceOp, RequestKind};
+use crate::types::{Compression, DataType, Device, ReduceOp, RequestKind};
 use smallvec::SmallVec;
 
 /// A tensor shape; up to four dimensions are stored inline.
@@ -43,6 +43,8 @@ pub struct Params {
     pub postscale: f64,
     /// Alltoall: first-dimension rows for each rank (empty: even split).
     pub splits: Vec<u64>,
+    /// Allreduce: how floating-point data travels.
+    pub compression: Compression,
 }
 
 impl Params {
@@ -59,6 +61,7 @@ impl Params {
             prescale: 1.0,
             postscale: 1.0,
             splits: Vec::new(),
+            compression: Compression::None,
         }
     }
 
@@ -74,6 +77,7 @@ impl Params {
             prescale: request.prescale,
             postscale: request.postscale,
             splits: request.splits.clone(),
+            compression: request.compression,
         }
     }
 
@@ -91,6 +95,7 @@ impl Params {
             prescale: self.prescale,
             postscale: self.postscale,
             splits: self.splits.clone(),
+            compression: self.compression,
         }
     }
 
@@ -114,6 +119,7 @@ impl Params {
             && self.prescale.to_bits() == template.prescale.to_bits()
             && self.postscale.to_bits() == template.postscale.to_bits()
             && same_dims(&self.splits, &template.splits)
+            && self.compression == template.compression
     }
 
     /// Number of elements (product of the shape; 1 for a scalar),
@@ -184,7 +190,8 @@ mod tests {
                 && request.reduce_op == rb.reduce_op
                 && request.prescale.to_bits() == rb.prescale.to_bits()
                 && request.postscale.to_bits() == rb.postscale.to_bits()
-                && request.splits == rb.splits;
+                && request.splits == rb.splits
+                && request.compression == rb.compression;
             prop_assert_eq!(a.same_as(&b), fields_equal);
             let template = Params { shape: Shape::new(), ..b.clone() };
             prop_assert_eq!(a.same_as_with_shape(&template, &b.shape), fields_equal);

@@ -96,6 +96,55 @@ impl fmt::Display for DataType {
     }
 }
 
+/// How an allreduce's floating-point data travels (Horovod's
+/// `Compression`): cast to a 16-bit type before the collective and back
+/// after it, halving the bytes moved at the cost of precision. Applies to
+/// `f32` and `f64` tensors; others travel as they are.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum Compression {
+    /// As they are.
+    #[default]
+    None,
+    /// IEEE half precision (`f16`): 10 bits of mantissa, values up to
+    /// 65504.
+    Fp16,
+    /// `bfloat16`: `f32`'s range, 7 bits of mantissa.
+    Bf16,
+}
+
+impl Compression {
+    /// Every compression, in declaration order.
+    pub const ALL: [Compression; 3] = [Compression::None, Compression::Fp16, Compression::Bf16];
+
+    /// The lower-case name used in messages and flags.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Fp16 => "fp16",
+            Compression::Bf16 => "bf16",
+        }
+    }
+
+    /// Parses the name printed by [`Compression::name`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Compression> {
+        let name = name.to_ascii_lowercase();
+        Compression::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// True when a tensor of `dtype` travels compressed.
+    pub const fn applies_to(self, dtype: DataType) -> bool {
+        !matches!(self, Compression::None) && matches!(dtype, DataType::F32 | DataType::F64)
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How the elements contributed by the ranks are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ReduceOp {

@@ -12,7 +12,7 @@ mod error;
 pub use error::ValidationError;
 
 use crate::message::{Request, Response, ResponseKind};
-use crate::types::{ReduceOp, RequestKind};
+use crate::types::{Compression, ReduceOp, RequestKind};
 
 /// Validates the requests that the ranks sent for one tensor name (at most
 /// one per rank, in any order) into the response every rank performs: an
@@ -142,6 +142,7 @@ pub fn try_validate(requests: &[Request], world_size: u32) -> Result<Response, V
             response.reduce_op = first.reduce_op;
             response.prescale = first.prescale;
             response.postscale = first.postscale;
+            response.compression = first.compression;
             response.tensor_sizes = vec![element_count(first)?];
             if kind == RequestKind::ReduceScatter {
                 // The rows split across ranks; a joined rank, which has no
@@ -243,6 +244,7 @@ fn op_response(kind: RequestKind, sorted: &[&Request]) -> Response {
         first_dims: Vec::new(),
         splits: Vec::new(),
         tensor_sizes: Vec::new(),
+        compression: Compression::None,
     }
 }
 
@@ -256,6 +258,16 @@ fn check_reduction(sorted: &[&Request]) -> Result<(), ValidationError> {
             a: first.reduce_op,
             rank_b: other.rank,
             b: other.reduce_op,
+        });
+    }
+    if let Some(other) = first_differing(sorted, |r| r.compression) {
+        return Err(ValidationError::CompressionMismatch {
+            kind: first.kind,
+            tensor: first.tensor_name.clone(),
+            rank_a: first.rank,
+            a: first.compression,
+            rank_b: other.rank,
+            b: other.compression,
         });
     }
     check_scale(sorted, "prescale", |r| r.prescale)?;

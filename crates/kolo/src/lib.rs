@@ -75,7 +75,7 @@ pub use group::TensorGroup;
 pub use half;
 pub use handle::Handle;
 pub use kolo::Kolo;
-pub use kolo_protocol::{DataType, ReduceOp};
+pub use kolo_protocol::{Compression, DataType, ReduceOp};
 pub use kolo_transport::Element;
 pub use logging::init_logging;
 pub use ops::ReduceOptions;

@@ -25,6 +25,7 @@ import torch
 import kolo as _k
 from kolo import (  # noqa: F401 - re-exported
     Average,
+    Compression,
     Handle,
     InvalidArgumentError,
     KoloError,
@@ -58,25 +59,34 @@ def _op(average, op):
     return op
 
 
-def allreduce_async_(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                     compression=Compression.none):
     """Reduces `tensor` in place; a handle for :func:`synchronize`."""
-    return _k.allreduce_async(tensor, _op(average, op), name, prescale_factor, postscale_factor)
+    return _k.allreduce_async(tensor, _op(average, op), name, prescale_factor, postscale_factor,
+                              compression=compression)
 
 
-def allreduce_(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+               compression=Compression.none):
     """Reduces `tensor` across all ranks in place and returns it."""
-    return _k.allreduce(tensor, _op(average, op), name, prescale_factor, postscale_factor)
+    return _k.allreduce(tensor, _op(average, op), name, prescale_factor, postscale_factor,
+                        compression=compression)
 
 
-def allreduce_async(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                    compression=Compression.none):
     """:func:`allreduce`, returning a handle whose result is the new tensor."""
-    return allreduce_async_(tensor.clone(), average, name, op, prescale_factor, postscale_factor)
+    return allreduce_async_(tensor.clone(), average, name, op, prescale_factor, postscale_factor,
+                            compression)
 
 
-def allreduce(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce(tensor, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+              compression=Compression.none):
     """A new tensor: `tensor` reduced across all ranks (averaged by
-    default, as in Horovod)."""
-    return allreduce_(tensor.clone(), average, name, op, prescale_factor, postscale_factor)
+    default, as in Horovod); `compression` (:class:`kolo.Compression`)
+    makes float data travel in 16 bits."""
+    return allreduce_(tensor.clone(), average, name, op, prescale_factor, postscale_factor,
+                      compression)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
@@ -210,7 +220,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 
 
 __all__ = [
-    "Sum", "Average", "Min", "Max", "Product",
+    "Sum", "Average", "Min", "Max", "Product", "Compression",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "mpi_threads_supported", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async_",

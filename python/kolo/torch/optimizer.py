@@ -14,7 +14,7 @@ import kolo as _k
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, op, backward_passes_per_step,
-                 prescale_factor, postscale_factor):
+                 prescale_factor, postscale_factor, compression):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
@@ -38,6 +38,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._kolo_names = by_id
         self._kolo_op = op
         self._kolo_scales = (prescale_factor, postscale_factor)
+        self._kolo_compression = compression
         self._kolo_passes = backward_passes_per_step
         self._kolo_delay = {id(p): backward_passes_per_step for p in all_params}
         self._kolo_handles = {}
@@ -52,7 +53,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # The gradient summed over the passes: average over them too.
             prescale = prescale / self._kolo_passes
         handle = _k.allreduce_async(
-            p.grad, self._kolo_op, f"grad.{self._kolo_names[id(p)]}", prescale, postscale
+            p.grad, self._kolo_op, f"grad.{self._kolo_names[id(p)]}", prescale, postscale,
+            compression=self._kolo_compression,
         )
         self._kolo_handles[id(p)] = (p, handle)
 
@@ -105,10 +107,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     `backward_passes_per_step` accumulates that many backward passes
     locally before reducing. `gradient_predivide_factor` splits the
     averaging into a division before the sum and one after (Horovod's).
-    `compression` is accepted for Horovod's signature; only ``None`` (no
-    compression) is supported yet."""
-    if compression not in (None, "none") and getattr(compression, "__name__", "") != "NoneCompressor":
-        raise ValueError("kolo.torch.DistributedOptimizer: gradient compression is not supported yet")
+    `compression` (:class:`kolo.Compression`: ``none``, ``fp16`` or ``bf16``;
+    ``None`` is ``none``) makes float32 gradients travel in 16 bits."""
+    compression = _k.Compression.none if compression is None else compression
+    if compression not in (_k.Compression.none, _k.Compression.fp16, _k.Compression.bf16):
+        raise ValueError(
+            f"kolo.torch.DistributedOptimizer: unknown compression {compression!r} "
+            "(kolo.Compression.none, .fp16 or .bf16)"
+        )
     prescale, postscale = 1.0, 1.0
     if gradient_predivide_factor != 1.0:
         if op != _k.Average:
@@ -121,4 +127,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         (optimizer.__class__,),
         dict(_DistributedOptimizer.__dict__),
     )
-    return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step, prescale, postscale)
+    return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step, prescale, postscale,
+               compression)

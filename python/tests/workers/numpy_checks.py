@@ -24,6 +24,17 @@ def main():
         out = kolo.allreduce(a, op=kolo.Sum, name=f"sum.{np.dtype(dtype).name}")
         check(out is a, "allreduce returns the array it reduced in place")
         check((a == n * (n + 1) // 2).all(), f"sum {np.dtype(dtype).name}: {a}")
+    # Compression: float data travels in 16 bits, within its rounding.
+    for compression, unit in ((kolo.Compression.fp16, 2.0**-11), (kolo.Compression.bf16, 2.0**-8)):
+        c = np.array([(r + 1) / 3 + i * 0.01 for i in range(50)], dtype=np.float32)
+        kolo.allreduce(c, name=f"compressed.{compression}", compression=compression)
+        exact = np.array([sum((p + 1) / 3 + i * 0.01 for p in range(n)) for i in range(50)])
+        check(np.all(np.abs(c - exact) <= (n + 2) * unit * exact), f"{compression}: {c - exact}")
+    try:
+        kolo.allreduce(np.ones(2, dtype=np.float32), name="compressed.bad", compression="fp8")
+        check(False, "an unknown compression must raise")
+    except ValueError as e:
+        check("fp8" in str(e), f"{e}")
     a = np.full((2, 3), float(r), dtype=np.float64)
     kolo.allreduce(a, op=kolo.Average)
     check(np.allclose(a, (n - 1) / 2), f"average: {a}")

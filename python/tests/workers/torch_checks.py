@@ -94,6 +94,20 @@ def optimizer_state(device):
     bias = model.bias.grad
     check(torch.allclose(bias, torch.full_like(bias, float(n))), f"bias grad {bias}, expected {n}")
 
+    if device.type == "cpu":
+        # Gradients that travel as fp16 (Horovod's Compression.fp16);
+        # kolo reduces device tensors uncompressed.
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression=hvd.Compression.fp16)
+        opt.zero_grad()
+        model(torch.ones(1, 4, device=device) * (r + 1) / 3).sum().backward()
+        opt.synchronize()
+        weight = model.weight.grad
+        exact = sum((q + 1) / 3 for q in range(n)) / n
+        check(torch.allclose(weight, torch.full_like(weight, exact), rtol=(n + 2) * 2.0**-11),
+              f"fp16 weight grad {weight}, expected {exact}")
+
 
 def backend(device):
     r, n = dist.get_rank(), dist.get_world_size()

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const MAIN: &[Case] = &[
     Case::new("allreduce_every_op", ops::allreduces),
     Case::new("half_precision_and_bool", ops::half_precision_and_bool),
+    Case::new("compressed_allreduces", ops::compressed_allreduces),
     Case::new("allgather_uneven", ops::allgathers),
     Case::new("broadcast", ops::broadcasts),
     Case::new("reduce_scatter", ops::reduce_scatters),

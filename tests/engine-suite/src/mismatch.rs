@@ -102,6 +102,19 @@ const CASES: &[Case] = &[
         values: ["0.5", "0.25"],
     },
     Case {
+        what: "compression",
+        submit: |k, first| {
+            let compression = if first {
+                kolo::Compression::Fp16
+            } else {
+                kolo::Compression::None
+            };
+            let options = ReduceOptions::new(ReduceOp::Sum).compression(compression);
+            k.allreduce("m", &mut [1.0f32; 2], options)
+        },
+        values: ["fp16", "none"],
+    },
+    Case {
         what: "reduce-scatter shape",
         submit: |k, first| {
             let rows = if first { 4 } else { 6 };

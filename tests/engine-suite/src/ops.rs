@@ -58,6 +58,59 @@ pub fn half_precision_and_bool(kolo: &Kolo) -> Result<Digest, Error> {
     Ok(None)
 }
 
+/// Allreduces whose f32 and f64 data travel as f16 or bf16: one tensor,
+/// a fused group (with an i32 tensor, which travels as it is) and an
+/// average, each within the wire type's rounding of the exact result.
+pub fn compressed_allreduces(kolo: &Kolo) -> Result<Digest, Error> {
+    use kolo::Compression;
+    let (r, n) = (kolo.rank(), kolo.size());
+    let value = |rank: usize, i: usize| (rank as f64 + 1.0) / 3.0 + i as f64 * 0.01;
+    let exact = |i: usize| (0..n).map(|p| value(p, i)).sum::<f64>();
+    for (compression, unit) in [
+        (Compression::Fp16, 2f64.powi(-11)),
+        (Compression::Bf16, 2f64.powi(-8)),
+    ] {
+        let bound = |i: usize| (n + 2) as f64 * unit * exact(i);
+        let sum = ReduceOptions::new(ReduceOp::Sum).compression(compression);
+        let mut x: Vec<f32> = (0..300).map(|i| value(r, i) as f32).collect();
+        kolo.allreduce(&format!("compressed/{compression}"), &mut x, sum)?;
+        for (i, got) in x.iter().enumerate() {
+            assert!(
+                (f64::from(*got) - exact(i)).abs() <= bound(i),
+                "{compression} [{i}]: {got}"
+            );
+        }
+        let group = TensorGroup::new([
+            format!("compressed/{compression}/a"),
+            format!("compressed/{compression}/b"),
+        ])?;
+        let mut a: Vec<f64> = (0..40).map(|i| value(r, i)).collect();
+        let mut b: Vec<f64> = (0..7).map(|i| value(r, i)).collect();
+        kolo.allreduce_group(&group, [&mut a, &mut b], sum)?;
+        for (i, got) in a.iter().chain(&b).enumerate() {
+            let i = if i < 40 { i } else { i - 40 };
+            assert!(
+                (got - exact(i)).abs() <= bound(i),
+                "{compression} group [{i}]: {got}"
+            );
+        }
+        let mut ints = vec![r as i32 * 1_000_003; 6];
+        kolo.allreduce(&format!("compressed/{compression}/ints"), &mut ints, sum)?;
+        assert_eq!(ints, vec![(0..n as i32).sum::<i32>() * 1_000_003; 6]);
+        let average = ReduceOptions::new(ReduceOp::Average).compression(compression);
+        let mut avg: Vec<f32> = (0..9).map(|i| value(r, i) as f32).collect();
+        kolo.allreduce(&format!("compressed/{compression}/avg"), &mut avg, average)?;
+        for (i, got) in avg.iter().enumerate() {
+            let want = exact(i) / n as f64;
+            assert!(
+                (f64::from(*got) - want).abs() <= bound(i) / n as f64,
+                "{compression} avg [{i}]: {got}"
+            );
+        }
+    }
+    Ok(None)
+}
+
 /// Allgather with a different first dimension on every rank.
 pub fn allgathers(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank(), kolo.size());

@@ -15,10 +15,12 @@
 
 mod allgather;
 mod allreduce;
+mod compressed;
 mod reduce_scatter;
 
 pub use allgather::fused_allgather;
 pub use allreduce::fused_allreduce;
+pub use compressed::compressed_allreduce;
 pub use reduce_scatter::fused_reduce_scatter;
 
 use crate::error::FusionError;

@@ -1,6 +1,6 @@
 //! Why the requests for one tensor cannot become an op response.
 
-use crate::types::{DataType, Device, ReduceOp, RequestKind};
+use crate::types::{Compression, DataType, Device, ReduceOp, RequestKind};
 
 /// A validation failure. Every variant names the tensor; a conflict between
 /// two ranks names both ranks and both values, always the lowest-ranked
@@ -104,6 +104,22 @@ pub enum ValidationError {
         rank_b: u32,
         /// Its reduce op.
         b: ReduceOp,
+    },
+    /// The ranks asked for different compressions.
+    #[error("Mismatched {kind} compressions for tensor '{tensor}': rank {rank_a} sent {a}, but rank {rank_b} sent {b}.")]
+    CompressionMismatch {
+        /// The collective.
+        kind: RequestKind,
+        /// The tensor's name.
+        tensor: String,
+        /// Lowest rank.
+        rank_a: u32,
+        /// Its compression.
+        a: Compression,
+        /// First rank that differs.
+        rank_b: u32,
+        /// Its compression.
+        b: Compression,
     },
     /// The ranks sent different prescale or postscale factors (compared
     /// bitwise, so NaN matches NaN and 0.0 differs from -0.0).

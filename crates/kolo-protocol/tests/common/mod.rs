@@ -74,6 +74,7 @@ pub fn request() -> impl Strategy<Value = Request> {
                 splits,
             )| {
                 Request {
+                    compression: Default::default(),
                     rank,
                     tensor_name,
                     kind,
@@ -126,6 +127,7 @@ pub fn response() -> impl Strategy<Value = Response> {
                 tensor_sizes,
             )| {
                 Response {
+                    compression: Default::default(),
                     kind,
                     tensor_names,
                     error_message,

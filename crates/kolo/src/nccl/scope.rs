@@ -91,6 +91,16 @@ impl<'scope> Scope<'scope, '_> {
                 reason: crate::engine::placement::NO_GPU_ENGINE.into(),
             });
         };
+        if options.compression != kolo_protocol::Compression::None {
+            return Err(Error::InvalidArgument {
+                tensor: name.to_owned(),
+                reason: format!(
+                    "compression {} applies to host tensors: NCCL reduces device tensors as \
+                     they are",
+                    options.compression
+                ),
+            });
+        }
         Ok(Params {
             device: Device::Cuda(gpu as u32),
             ..self

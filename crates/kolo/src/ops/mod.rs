@@ -15,7 +15,7 @@ mod reduce;
 
 use crate::engine::completion::Payload;
 use crate::error::Error;
-use kolo_protocol::ReduceOp;
+use kolo_protocol::{Compression, ReduceOp};
 
 #[cfg(feature = "nccl")]
 pub(crate) use reduce::my_rows;
@@ -42,6 +42,15 @@ pub struct ReduceOptions {
     pub prescale: f64,
     /// Factor applied to the result.
     pub postscale: f64,
+    /// How an allreduce's `f32` and `f64` data travel (Horovod's
+    /// `Compression`): [`Compression::Fp16`] and [`Compression::Bf16`]
+    /// cast them to 16 bits in the fusion buffer, halving the bytes moved,
+    /// and back after the collective; the result is the reduction of the
+    /// rounded values in that type's precision. Every rank must give the
+    /// same (a mismatch fails the tensor on every rank, naming both).
+    /// Other data types, and reduce-scatters, travel as they are; device
+    /// tensors refuse a compression.
+    pub compression: Compression,
 }
 
 impl ReduceOptions {
@@ -51,6 +60,7 @@ impl ReduceOptions {
             op,
             prescale: 1.0,
             postscale: 1.0,
+            compression: Compression::None,
         }
     }
 
@@ -63,6 +73,13 @@ impl ReduceOptions {
     /// Sets the factor applied to the result.
     pub fn postscale(mut self, factor: f64) -> Self {
         self.postscale = factor;
+        self
+    }
+
+    /// Sets how an allreduce's floating-point data travel (see
+    /// [`ReduceOptions::compression`]).
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
         self
     }
 }

@@ -11,7 +11,7 @@ use crate::placed::{IntoTensor, IntoTensorMut, Placed, PlacedMut};
 use crate::scope::Scope;
 use crate::split::split_rows;
 use crate::tensor::{shape_problem, wire_shape};
-use kolo_protocol::{DataType, Params, RequestKind};
+use kolo_protocol::{Compression, DataType, Params, RequestKind};
 use kolo_transport::Element;
 
 impl Kolo {
@@ -118,6 +118,10 @@ impl Kolo {
             reduce_op: options.op,
             prescale: options.prescale,
             postscale: options.postscale,
+            compression: match kind {
+                RequestKind::Allreduce => options.compression,
+                _ => Compression::None,
+            },
             ..self.params(kind, dtype, shape)
         }
     }

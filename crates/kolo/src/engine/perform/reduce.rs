@@ -93,13 +93,14 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             // Checked above: a lent buffer of another type was replaced.
             views.push(view.unwrap_or_default());
         }
-        let result = kolo_fusion::fused_allreduce(
+        let result = kolo_fusion::compressed_allreduce(
             &mut self.backend,
             &mut self.buffers,
             device,
             &mut views,
             op,
             scale_of(head),
+            head.compression,
             &mut observer(&self.timeline, names, activity::ALLREDUCE),
         );
         drop(views);
@@ -155,13 +156,14 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
                 (stand_ins.iter_mut().map(Vec::as_mut_slice).collect(), false)
             }
         };
-        let reduced = kolo_fusion::fused_allreduce(
+        let reduced = kolo_fusion::compressed_allreduce(
             &mut self.backend,
             &mut self.buffers,
             kolo_protocol::Device::Cpu,
             &mut views,
             head.reduce_op,
             scale_of(head),
+            head.compression,
             &mut |_, _| {},
         );
         drop(views);

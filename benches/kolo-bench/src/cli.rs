@@ -75,6 +75,10 @@ pub struct Args {
     /// Implies `--grouped`.
     #[arg(long, requires = "engine")]
     pub tensor_group: bool,
+    /// Engine mode: how allreduce data travels: none, fp16 or bf16 (f32 and
+    /// f64 data cast to 16 bits for the collective; results rounded).
+    #[arg(long, default_value = "none", value_parser = parse_compression, requires = "engine")]
+    pub compression: kolo::Compression,
     /// Engine mode: the fusion threshold in bytes (default: KOLO_* env, then
     /// kolo's default).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "engine")]
@@ -102,6 +106,12 @@ pub struct Args {
     /// No progress line on stderr (it is shown only on a terminal anyway).
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// A `--compression` value.
+fn parse_compression(name: &str) -> Result<kolo::Compression, String> {
+    kolo::Compression::from_name(name)
+        .ok_or_else(|| format!("unknown compression {name:?}: none, fp16 or bf16"))
 }
 
 /// `--op` values.

@@ -49,6 +49,7 @@ impl EngineOptions {
             submission: Submission {
                 grouped: args.grouped || args.tensor_group,
                 tensor_group: args.tensor_group,
+                compression: args.compression,
             },
             config,
         })

@@ -78,6 +78,8 @@ pub struct Submission {
     /// The group submitted with the blocking `Kolo::allreduce_group`
     /// instead (implies `grouped`).
     pub tensor_group: bool,
+    /// How allreduce data travels (`--compression`).
+    pub compression: kolo::Compression,
 }
 
 /// The buffers of one rank for one spec, split into tensors.
@@ -188,6 +190,7 @@ impl<T: Element> EngineCase<T> {
         let op = self.spec.redop;
         match self.spec.op {
             BenchOp::Allreduce => {
+                let op = kolo::ReduceOptions::new(op).compression(self.submission.compression);
                 let slices = split_mut(&mut self.recv, &self.parts);
                 if let Some(group) = &self.group {
                     if self.submission.tensor_group {

@@ -465,6 +465,22 @@ fn bytes_of(out: &RawOutput) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(out.data().cast::<u8>(), out.byte_len()) }.to_vec()
 }
 
+/// Fixes glibc's mmap threshold at 128 KiB (its default start), as a
+/// long-running job would with `MALLOC_MMAP_THRESHOLD_`: glibc otherwise
+/// raises the threshold each time a large mapped buffer is freed, and
+/// from then on serves buffers of up to 32 MiB from its per-thread arenas,
+/// whose freed tops `malloc_trim` does not return — the soak's resident
+/// memory then counts glibc's cache of the largest buffers each of its
+/// many threads ever freed, not what kolo holds. Call once, first.
+pub fn settle_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's tunables; called before
+    // any thread of the soak allocates.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// The resident memory this process holds, in KiB: after returning the
 /// allocator's free memory to the system (glibc's arenas otherwise keep
 /// the peaks of freed buffers, which says nothing of a leak).

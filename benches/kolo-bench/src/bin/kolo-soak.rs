@@ -58,6 +58,7 @@ fn growth(report: &SoakReport, seconds: f64) -> Option<f64> {
 }
 
 fn main() -> ExitCode {
+    kolo_bench::soak::settle_allocator();
     let args = Args::parse();
     let config = match kolo::Config::from_env() {
         Ok(config) => config,

@@ -13,6 +13,9 @@
 # busbw wrong") and per size the median over rounds of ucx / MPI (time at
 # 8 B, busbw above). Needs python3 for the medians.
 #
+# TLS=tcp: both over TCP (loopback) instead: UCX_TLS=tcp,self against
+# OpenMPI's ob1 with the self,tcp BTLs.
+#
 # ENGINE=1: the engine instead (`kolo-bench --engine`, one tensor per step,
 # 8 B to 16 MiB x8, 30 iterations) over kolo-ucx and over kolo-mpi under mpirun; the
 # summary compares times at every size.
@@ -20,16 +23,22 @@ set -euo pipefail
 bin=$1 np=${2:-2} rounds=${3:-5}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 engine=${ENGINE:-0}
+tls=${TLS:-sm}
+case "$tls" in
+  sm) ucx_tls=sm,self mpi_btl=self,vader ;;
+  tcp) ucx_tls=tcp,self mpi_btl=self,tcp; export OMPI_MCA_pml=ob1 ;;
+  *) echo "TLS=$tls: sm or tcp" >&2; exit 2 ;;
+esac
 bench_args=(--op allreduce --iters 20 --warmup 5 --quiet)
 [ "$engine" = 1 ] && bench_args=(--op allreduce --iters 30 --warmup 5 --quiet)
 ucx() {
   local sizes=(--min-bytes "${1:-}" --max-bytes "${2:-}" --factor 4)
   [ "$engine" = 1 ] && sizes=(--engine --min-bytes 8 --max-bytes 16M --factor 8)
-  UCX_TLS=sm,self "$bin/kolo-run" -n "$np" --master-port 0 "$bin/kolo-bench" --backend ucx \
+  UCX_TLS=$ucx_tls "$bin/kolo-run" -n "$np" --master-port 0 "$bin/kolo-bench" --backend ucx \
     "${sizes[@]}" "${bench_args[@]}" 2>/dev/null | grep -v '^#'
 }
 mpi() {
-  export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=cma
+  export OMPI_MCA_btl=$mpi_btl OMPI_MCA_btl_vader_single_copy_mechanism=cma
   if [ "$engine" = 1 ]; then
     mpirun -np "$np" --oversubscribe --bind-to none "$bin/kolo-bench" --backend mpi --engine \
       --min-bytes 8 --max-bytes 16M --factor 8 "${bench_args[@]}" 2>/dev/null | grep -v '^#'
@@ -54,7 +63,7 @@ for line in sys.stdin:
         rows.setdefault((p[0], int(p[2])), {})[int(p[1])] = (float(p[6]), float(p[8]))
 engine = "'"$engine"'" == "1"
 base = "kolo-mpi, both through the engine" if engine else "MPI_Allreduce"
-print(f"kolo-ucx / {base}, '"$np"' processes, shared memory, medians of the rounds")
+print(f"kolo-ucx / {base}, '"$np"' processes, '"$tls"', medians of the rounds")
 for size in sorted({s for _, s in rows}):
     u, m = rows.get(("ucx", size), {}), rows.get(("mpi", size), {})
     both = [r for r in u if r in m]

@@ -7,8 +7,9 @@
 use super::{observed, total_len, Edge, Phase};
 use crate::buffers::FusionBuffers;
 use crate::error::FusionError;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
-use kolo_protocol::{Compression, Device, ReduceOp};
+use kolo_protocol::{Compression, DataType, Device, ReduceOp};
 use kolo_transport::{Collectives, Element, Host, Scale};
 
 /// Allreduces `tensors` (host memory) in place as one collective, their
@@ -60,9 +61,7 @@ fn travel<C: Collectives<Host>, T: Element, W: Element>(
     observed(observer, Phase::MemcpyInFusionBuffer, || {
         let mut at = 0;
         for tensor in tensors.iter() {
-            for (to, from) in wire[at..at + tensor.len()].iter_mut().zip(tensor.iter()) {
-                *to = W::from_f64(from.to_f64() * prescale);
-            }
+            narrow(tensor, &mut wire[at..at + tensor.len()], prescale);
             at += tensor.len();
         }
     });
@@ -79,11 +78,116 @@ fn travel<C: Collectives<Host>, T: Element, W: Element>(
     observed(observer, Phase::MemcpyOutFusionBuffer, || {
         let mut at = 0;
         for tensor in tensors.iter_mut() {
-            for (to, from) in tensor.iter_mut().zip(&wire[at..]) {
-                *to = T::from_f64(from.to_f64() * postscale);
-            }
-            at += tensor.len();
+            let len = tensor.len();
+            widen(&wire[at..at + len], tensor, postscale);
+            at += len;
         }
     });
     Ok(())
+}
+
+/// `src` as `f32`s, when `T` is `f32`.
+fn as_f32<T: Element>(src: &[T]) -> Option<&[f32]> {
+    (T::DTYPE == DataType::F32).then(|| {
+        // SAFETY: `f32` is the only element type whose dtype is F32, so
+        // `T` is `f32`: same size, alignment and bit validity.
+        unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<f32>(), src.len()) }
+    })
+}
+
+/// `dst` as `f32`s, when `T` is `f32`.
+fn as_f32_mut<T: Element>(dst: &mut [T]) -> Option<&mut [f32]> {
+    (T::DTYPE == DataType::F32).then(|| {
+        // SAFETY: as in `as_f32`; the borrow of `dst` is handed on whole.
+        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()) }
+    })
+}
+
+/// `W` viewed as the 16-bit type it is (by its dtype).
+enum Wire<'a> {
+    F16(&'a mut [f16]),
+    Bf16(&'a mut [bf16]),
+}
+
+fn wire_mut<W: Element>(wire: &mut [W]) -> Option<Wire<'_>> {
+    let (ptr, len) = (wire.as_mut_ptr(), wire.len());
+    match W::DTYPE {
+        // SAFETY: `f16` is the only element type whose dtype is F16, so the
+        // cast is to `W` itself; the borrow of `wire` is handed on whole.
+        DataType::F16 => Some(Wire::F16(unsafe {
+            std::slice::from_raw_parts_mut(ptr.cast::<f16>(), len)
+        })),
+        // SAFETY: likewise, `bf16` is the only BF16.
+        DataType::BF16 => Some(Wire::Bf16(unsafe {
+            std::slice::from_raw_parts_mut(ptr.cast::<bf16>(), len)
+        })),
+        _ => None,
+    }
+}
+
+/// `W` viewed, read only, as the 16-bit type it is.
+enum WireRef<'a> {
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+fn wire_ref<W: Element>(wire: &[W]) -> Option<WireRef<'_>> {
+    let (ptr, len) = (wire.as_ptr(), wire.len());
+    match W::DTYPE {
+        // SAFETY: as in `wire_mut`, the cast is to `W` itself (`f16`).
+        DataType::F16 => Some(WireRef::F16(unsafe {
+            std::slice::from_raw_parts(ptr.cast::<f16>(), len)
+        })),
+        // SAFETY: likewise (`bf16`).
+        DataType::BF16 => Some(WireRef::Bf16(unsafe {
+            std::slice::from_raw_parts(ptr.cast::<bf16>(), len)
+        })),
+        _ => None,
+    }
+}
+
+/// Casts `src` (times `prescale`) into the wire type: `f32` without a
+/// factor through `half`'s slice conversions (vectorised where the CPU
+/// converts halves), anything else element by element.
+fn narrow<T: Element, W: Element>(src: &[T], dst: &mut [W], prescale: f64) {
+    if prescale == 1.0 {
+        if let Some(src) = as_f32(src) {
+            match wire_mut(dst) {
+                Some(Wire::F16(dst)) => return dst.convert_from_f32_slice(src),
+                Some(Wire::Bf16(dst)) => return dst.convert_from_f32_slice(src),
+                None => {}
+            }
+        }
+    }
+    for (to, from) in dst.iter_mut().zip(src) {
+        *to = W::from_f64(from.to_f64() * prescale);
+    }
+}
+
+/// Casts the wire type back into `dst` (times `postscale`): `f32` through
+/// `half`'s slice conversions and one scaling pass, anything else element
+/// by element.
+fn widen<W: Element, T: Element>(src: &[W], dst: &mut [T], postscale: f64) {
+    if let Some(dst32) = as_f32_mut(dst) {
+        let converted = match wire_ref(src) {
+            Some(WireRef::F16(src)) => {
+                src.convert_to_f32_slice(dst32);
+                true
+            }
+            Some(WireRef::Bf16(src)) => {
+                src.convert_to_f32_slice(dst32);
+                true
+            }
+            None => false,
+        };
+        if converted {
+            if postscale != 1.0 {
+                T::scale(dst, postscale);
+            }
+            return;
+        }
+    }
+    for (to, from) in dst.iter_mut().zip(src) {
+        *to = T::from_f64(from.to_f64() * postscale);
+    }
 }

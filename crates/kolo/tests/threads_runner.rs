@@ -399,3 +399,24 @@ fn a_rank_panicking_before_during_or_after_a_collective_fails_every_peer() {
         }
     }
 }
+
+/// A join waits, by design, while the other ranks still work: past the
+/// operation timeout too. Rank 0 joins at once; rank 1 works for three
+/// timeouts (its allreduces complete without rank 0) and then joins.
+#[test]
+fn a_join_that_waits_longer_than_the_timeout_is_not_a_timeout() {
+    let config = Config::default().timeout(Duration::from_millis(500));
+    let last = kolo::threads::run(2, config, |kolo| {
+        if kolo.rank() == 1 {
+            for step in 0..6 {
+                std::thread::sleep(Duration::from_millis(250));
+                let mut x = [2.0f32; 4];
+                kolo.allreduce(&format!("work/{step}"), &mut x, ReduceOp::Sum)?;
+                assert_eq!(x, [2.0; 4], "the joined rank contributes nothing");
+            }
+        }
+        kolo.join()
+    })
+    .expect("both ranks join");
+    assert_eq!(last, [1, 1]);
+}

@@ -27,7 +27,7 @@ use crate::engine::progress::Progress;
 use crate::engine::submission::{Input, Inputs, Names, Shapes, Submission};
 use crate::error::Error;
 use kolo_coordinator::{Submission as Request, TensorId};
-use kolo_protocol::Params;
+use kolo_protocol::{Params, RequestKind};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Weak};
 
@@ -177,6 +177,10 @@ pub(crate) struct Table {
     /// The last done submission forgotten from `live` (for the desync
     /// report): its sequence number and names.
     last_done: Option<(u64, Arc<TensorNames>)>,
+    /// Live joins, by sequence number: a join waits, by design, for as
+    /// long as the other ranks still have work, so the operation timeout
+    /// does not count it (see [`Table::oldest_pending`]).
+    joins: Vec<u64>,
 }
 
 impl Table {
@@ -227,6 +231,9 @@ impl Table {
         self.submissions += 1;
         let seq = self.submissions;
         self.prune_live();
+        if group.template.kind == RequestKind::Join {
+            self.joins.push(seq);
+        }
         let known = matches!(group.names, Names::Known(_));
         let memo = match &group.names {
             Names::Each(names) => self.memos.iter().position(|m| m.names.matches(names)),
@@ -317,6 +324,9 @@ impl Table {
             note_done(&mut self.last_done, *seq, completion);
         }
         self.live.drain(..done);
+        let live = &self.live;
+        self.joins
+            .retain(|seq| live.binary_search_by_key(seq, |(s, _)| *s).is_ok());
         if self.live.len() >= self.sweep_live_at.max(LIVE_SWEEP_FLOOR) {
             self.forget_every_done();
             self.sweep_live_at = 2 * self.live.len();
@@ -331,11 +341,12 @@ impl Table {
         self.live.retain(|(_, c)| !c.is_done());
     }
 
-    /// When the oldest submission still pending was made, if any.
+    /// When the oldest submission still pending was made, if any; joins
+    /// are not counted (they wait for the other ranks' work to end).
     pub(crate) fn oldest_pending(&self) -> Option<std::time::Instant> {
         self.live
             .iter()
-            .filter(|(_, c)| !c.is_done())
+            .filter(|(seq, c)| !c.is_done() && !self.joins.contains(seq))
             .map(|(_, c)| c.submitted())
             .min()
     }

@@ -470,3 +470,23 @@ fn the_standing_names_the_last_done_and_the_pending_submissions_in_order() {
     assert_eq!(standing.pending_total, 2 + 2 * LISTED as u64);
     assert_eq!(w.table.take_live().len(), 3 + 2 * LISTED);
 }
+
+#[test]
+fn a_pending_join_is_not_counted_by_the_timeout() {
+    let mut w = World::default();
+    let mut join = Submission::new(
+        Params::new(RequestKind::Join, DataType::U8, []),
+        1,
+        false,
+        None,
+    );
+    join.push("join.0", &[], Input::None);
+    w.table.insert(join).unwrap();
+    assert_eq!(w.table.oldest_pending(), None, "a join waits by design");
+    w.insert(&["after"]).unwrap();
+    assert!(w.table.oldest_pending().is_some());
+    assert!(w.complete("after"));
+    w.insert(&["next"]).unwrap();
+    assert!(w.complete("next"));
+    assert_eq!(w.table.oldest_pending(), None);
+}

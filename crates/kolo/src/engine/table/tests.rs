@@ -1,6 +1,7 @@
 //! The tensor table's tests: names, ids, groups remembered, reclaiming.
 
 use super::*;
+use crate::engine::desync::{Standing, LISTED};
 use kolo_protocol::{DataType, RequestKind};
 use std::collections::HashMap;
 

@@ -13,6 +13,9 @@ use kolo::raw::{RawHandle, RawMemory, RawOutput, RawTensor};
 use kolo::{DataType, Error, Kolo, ReduceOp, ReduceOptions, TensorGroup};
 use std::time::{Duration, Instant};
 
+mod memory;
+pub use memory::{held_kib, resident_kib, settle_allocator};
+
 /// What a soak run does.
 #[derive(Clone, Debug)]
 pub struct SoakOptions {
@@ -463,42 +466,6 @@ fn bytes_of(out: &RawOutput) -> Vec<u8> {
     }
     // SAFETY: a host output of `byte_len()` bytes, alive while `out` is.
     unsafe { std::slice::from_raw_parts(out.data().cast::<u8>(), out.byte_len()) }.to_vec()
-}
-
-/// Fixes glibc's mmap threshold at 128 KiB (its default start), as a
-/// long-running job would with `MALLOC_MMAP_THRESHOLD_`: glibc otherwise
-/// raises the threshold each time a large mapped buffer is freed, and
-/// from then on serves buffers of up to 32 MiB from its per-thread arenas,
-/// whose freed tops `malloc_trim` does not return — the soak's resident
-/// memory then counts glibc's cache of the largest buffers each of its
-/// many threads ever freed, not what kolo holds. Call once, first.
-pub fn settle_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's tunables; called before
-    // any thread of the soak allocates.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
-/// The resident memory this process holds, in KiB: after returning the
-/// allocator's free memory to the system (glibc's arenas otherwise keep
-/// the peaks of freed buffers, which says nothing of a leak).
-pub fn held_kib() -> u64 {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of the allocator.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-    resident_kib()
-}
-
-/// This process's resident memory in KiB (0 where /proc is missing).
-pub fn resident_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4)
 }
 
 /// Runs the soak on this rank (see the module's doc).

@@ -37,7 +37,16 @@ pub(crate) fn venv(root: &Path, torch: bool) -> Result<PathBuf> {
     if torch {
         packages.push("torch>=2.1");
     }
-    let mut args = vec!["-m", "pip", "install", "-q", "--disable-pip-version-check"];
+    // No download cache: torch's CUDA wheels are gigabytes, installed once
+    // per venv, and a cached second copy once filled the CI machine's disk.
+    let mut args = vec![
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-cache-dir",
+    ];
     args.extend(packages);
     run(root, &python, &args, &[])?;
     Ok(python)

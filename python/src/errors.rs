@@ -14,7 +14,9 @@ pub(crate) fn raise(py: Python<'_>, e: Error) -> PyErr {
         Error::Timeout { .. } => "OperationTimeoutError",
         Error::ShutDown { .. } => "ShutDownError",
         Error::RankFailed { .. } => "RankFailedError",
-        Error::InvalidArgument { .. } | Error::DuplicateName { .. } => "InvalidArgumentError",
+        Error::InvalidArgument { .. } | Error::DuplicateName { .. } | Error::ProcessSet { .. } => {
+            "InvalidArgumentError"
+        }
         Error::Config { .. } | Error::Start { .. } => "StartError",
         _ => "KoloError",
     };

@@ -86,7 +86,7 @@ pub(crate) fn code_of(e: &Error) -> i32 {
         Error::DuplicateName { .. } => KOLO_ERR_DUPLICATE_NAME,
         Error::ShutDown { .. } => KOLO_ERR_SHUT_DOWN,
         Error::RankFailed { .. } => KOLO_ERR_RANK_FAILED,
-        Error::InvalidArgument { .. } => KOLO_ERR_INVALID_ARGUMENT,
+        Error::InvalidArgument { .. } | Error::ProcessSet { .. } => KOLO_ERR_INVALID_ARGUMENT,
         Error::Config { .. } | Error::Timeline { .. } | Error::Start { .. } => KOLO_ERR_START,
         _ => KOLO_ERR_COLLECTIVE,
     }

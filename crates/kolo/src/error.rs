@@ -1,6 +1,7 @@
 //! The one error type of kolo: every failure names the tensor, the value or
 //! the rank it is about.
 
+use crate::process_set::SetLabel;
 use kolo_transport::TransportError;
 use std::fmt;
 use std::path::PathBuf;
@@ -134,6 +135,17 @@ pub enum Error {
         message: String,
     },
 
+    /// A process set cannot be made from `members` (see
+    /// [`crate::Kolo::process_set`]): a rank out of range or listed twice,
+    /// the caller not among them, or the backend could not connect them.
+    #[error("process set {members:?}: {reason}")]
+    ProcessSet {
+        /// The ranks asked for, as given.
+        members: Vec<usize>,
+        /// What is wrong, with the values.
+        reason: String,
+    },
+
     /// The backend or the engine's thread could not be started.
     #[error("cannot start kolo: {message}")]
     Start {
@@ -211,6 +223,64 @@ impl Error {
     }
 }
 
+impl Error {
+    /// This error as it reaches a member of `set`, whose engine numbers
+    /// ranks within the set: a failed or shutting-down rank becomes its
+    /// world rank, and every message names the set, so that a user with
+    /// several sets knows which one failed and how its ranks map.
+    pub(crate) fn in_process_set(self, set: &SetLabel) -> Error {
+        let note = |text: String| {
+            format!(
+                "{text} [in {set}: its ranks 0..{} are world ranks {:?}]",
+                set.members.len(),
+                set.members
+            )
+        };
+        match self {
+            Error::Mismatch { tensor, message } => Error::Mismatch {
+                tensor,
+                message: note(message),
+            },
+            Error::Remote { tensor, message } => Error::Remote {
+                tensor,
+                message: note(message),
+            },
+            Error::Stalled { tensor, message } => Error::Stalled {
+                tensor,
+                message: note(message),
+            },
+            Error::Timeout {
+                tensor,
+                after,
+                report,
+            } => Error::Timeout {
+                tensor,
+                after,
+                report: note(report),
+            },
+            Error::Collective { tensor, message } => Error::Collective {
+                tensor,
+                message: note(message),
+            },
+            Error::InvalidArgument { tensor, reason } => Error::InvalidArgument {
+                tensor,
+                reason: note(reason),
+            },
+            Error::RankFailed { rank, message } => Error::RankFailed {
+                rank: set.world_rank(rank),
+                message: note(message),
+            },
+            Error::ShutDown { by_ranks } => Error::ShutDown {
+                by_ranks: by_ranks
+                    .into_iter()
+                    .map(|r| set.world_rank(r as usize) as u32)
+                    .collect(),
+            },
+            other => other,
+        }
+    }
+}
+
 /// True for the stall inspector's error messages.
 fn is_stall_message(message: &str) -> bool {
     message.to_ascii_lowercase().contains("stall")
@@ -273,6 +343,42 @@ mod tests {
         let r = Error::from_response("t", "ALLGATHER of tensor 't' needs at least one dimension");
         assert!(matches!(r, Error::Remote { .. }));
         assert_eq!(r.tensor(), Some("t"));
+    }
+
+    #[test]
+    fn a_sets_errors_name_it_and_its_world_ranks() {
+        let set = SetLabel {
+            members: vec![1, 3, 4],
+            ordinal: 0,
+        };
+        let failed = Error::RankFailed {
+            rank: 2,
+            message: "gone".into(),
+        }
+        .in_process_set(&set);
+        let Error::RankFailed { rank, ref message } = failed else {
+            panic!("{failed:?}");
+        };
+        assert_eq!(rank, 4);
+        assert!(message.contains("process set [1, 3, 4]"), "{message}");
+        let mismatch = Error::from_response("w", "Mismatched ALLREDUCE shapes: rank 0 sent [2]")
+            .in_process_set(&set)
+            .to_string();
+        assert!(mismatch.contains("rank 0 sent [2]"), "{mismatch}");
+        assert!(
+            mismatch.contains("its ranks 0..3 are world ranks [1, 3, 4]"),
+            "{mismatch}"
+        );
+        let shut = Error::ShutDown {
+            by_ranks: vec![0, 2],
+        }
+        .in_process_set(&set);
+        assert_eq!(
+            shut,
+            Error::ShutDown {
+                by_ranks: vec![1, 4]
+            }
+        );
     }
 
     #[test]

@@ -10,9 +10,12 @@ use crate::engine::placement::DevicePlane;
 use crate::engine::submission::Submission;
 use crate::engine::watchdog::Guards;
 use crate::error::Error;
+use crate::process_set::{check_members, ProcessSet, SetLabel, SetMaker};
 use crate::stats::Stats;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -27,6 +30,14 @@ pub struct Kolo {
     config: Config,
     barriers: AtomicU64,
     joins: AtomicU64,
+    /// How this world's backend makes process sets (none for a set's
+    /// own engine, and for backends that cannot).
+    sets: Option<Arc<dyn SetMaker>>,
+    /// The sets made so far from each list of members, which tells the
+    /// n-th set of a list from the others.
+    ordinals: Mutex<HashMap<Vec<usize>, u32>>,
+    /// The set this engine is of.
+    set: Option<Arc<SetLabel>>,
 }
 
 impl Kolo {
@@ -120,7 +131,64 @@ impl Kolo {
             config,
             barriers: AtomicU64::new(0),
             joins: AtomicU64::new(0),
+            sets: None,
+            ordinals: Mutex::new(HashMap::new()),
+            set: None,
         }
+    }
+
+    /// This world's engine, able to make process sets with `maker`.
+    pub(crate) fn making_sets(mut self, maker: Arc<dyn SetMaker>) -> Kolo {
+        self.sets = Some(maker);
+        self
+    }
+
+    /// Makes a process set of `members` (world ranks, in any order): the
+    /// returned [`ProcessSet`] is a `Kolo` of its own over those ranks
+    /// (see [`crate::ProcessSet`] for what it shares with the world: nothing
+    /// but the processes). Only the members call it, each with the same
+    /// ranks; it returns once every member did. The members of one list
+    /// make its sets in the same order.
+    ///
+    /// Fails with [`Error::ProcessSet`] naming the members for a rank out
+    /// of range or listed twice, a caller outside the set, a set of a
+    /// set, and a backend that cannot make sets (NCCL's engines); and
+    /// after the operation timeout ([`Config::timeout`]) when some member
+    /// never calls it.
+    pub fn process_set(&self, members: &[usize]) -> Result<ProcessSet, Error> {
+        let refuse = |reason: &str| Error::ProcessSet {
+            members: members.to_vec(),
+            reason: reason.to_owned(),
+        };
+        if self.set.is_some() {
+            return Err(refuse(
+                "this is a process set's engine: make sets from the world's, with world ranks",
+            ));
+        }
+        let sorted = check_members(members, self.size(), self.rank())?;
+        let Some(maker) = &self.sets else {
+            return Err(refuse("this backend cannot make process sets"));
+        };
+        let ordinal = {
+            let mut ordinals = self.ordinals.lock();
+            let next = ordinals.entry(sorted.clone()).or_insert(0);
+            *next += 1;
+            *next - 1
+        };
+        let label = Arc::new(SetLabel {
+            members: sorted,
+            ordinal,
+        });
+        let mut kolo = maker.start(&label, &self.config).map_err(|e| match e {
+            Error::ProcessSet { .. } => e,
+            other => Error::ProcessSet {
+                members: label.members.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        kolo.runtime.name_process_set(Arc::clone(&label));
+        kolo.set = Some(Arc::clone(&label));
+        Ok(ProcessSet::new(kolo, label))
     }
 
     /// This rank.
@@ -188,7 +256,12 @@ impl Kolo {
     /// so they can fuse); all or none are accepted. Returns the
     /// submission's completion.
     pub(crate) fn submit(&self, submission: Submission<'_>) -> Result<Arc<Completion>, Error> {
-        self.runtime.submit(submission)
+        self.runtime
+            .submit(submission)
+            .map_err(|e| match &self.set {
+                Some(set) => e.in_process_set(set),
+                None => e,
+            })
     }
 
     /// The next name of an internal barrier (the same sequence on every

@@ -7,6 +7,7 @@ use crate::engine::watchdog::{Bulletin, Guards, MemoryBulletin};
 use crate::error::Error;
 use crate::kolo::Kolo;
 use crate::panic_text::panic_text;
+use crate::process_set::threads::{ThreadSetMaker, ThreadSets};
 use kolo_threads::ThreadComm;
 use kolo_timeline::Timeline;
 use parking_lot::Mutex;
@@ -40,7 +41,7 @@ where
     R: Send,
     F: Fn(&Kolo) -> Result<R, Error> + Sync,
 {
-    run_ranks(ranks, &config, start_on_threads, f)
+    run_ranks(ranks, &config, start_on_threads, Sets::Make, f)
 }
 
 /// Starts one rank's engine on kolo-threads' backend (with rank 0's
@@ -60,12 +61,22 @@ fn start_on_threads(
     )
 }
 
+/// Whether the ranks' engines make process sets (host engines do; a set
+/// of GPU engines would need communicators of its own on the devices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sets {
+    Make,
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    Refuse,
+}
+
 /// [`run`] with the engines started by `start` from each rank's
 /// kolo-threads communicator (the GPU engines start theirs with NCCL).
 pub(crate) fn run_ranks<R, F, S>(
     ranks: usize,
     config: &Config,
     start: S,
+    sets: Sets,
     f: F,
 ) -> Result<Vec<R>, Error>
 where
@@ -75,7 +86,10 @@ where
 {
     let mut results = Vec::with_capacity(ranks);
     let mut failures = Vec::new();
-    for (rank, outcome) in run_each(ranks, config, start, f)?.into_iter().enumerate() {
+    for (rank, outcome) in run_each(ranks, config, start, sets, f)?
+        .into_iter()
+        .enumerate()
+    {
         match outcome {
             Ok(result) => results.push(result),
             Err((order, error)) => failures.push(Failure { order, rank, error }),
@@ -125,7 +139,7 @@ where
     E: From<Error> + std::fmt::Display + Send,
     F: Fn(&Kolo) -> Result<R, E> + Sync,
 {
-    let outcomes = run_each(ranks, &config, start_on_threads, f)?;
+    let outcomes = run_each(ranks, &config, start_on_threads, Sets::Make, f)?;
     Ok(outcomes
         .into_iter()
         .map(|outcome| outcome.map_err(|(_, error)| error))
@@ -140,6 +154,7 @@ fn run_each<R, E, F, S>(
     ranks: usize,
     config: &Config,
     start: S,
+    sets: Sets,
     f: F,
 ) -> Result<Vec<Result<R, (u64, E)>>, Error>
 where
@@ -156,6 +171,7 @@ where
         message: format!("cannot create {ranks} thread ranks: {e}"),
     })?;
     let clock = AtomicU64::new(0);
+    let registry = Arc::new(ThreadSets::default());
     // The ranks' faults, where each one's watchdog reads the others'.
     let bulletin: Arc<dyn Bulletin> = Arc::new(MemoryBulletin::default());
     let outcomes = std::thread::scope(|scope| {
@@ -164,6 +180,12 @@ where
             .enumerate()
             .map(|(rank, comm)| {
                 let (f, start, clock, timeline) = (&f, &start, &clock, &timeline);
+                let maker = (sets == Sets::Make).then(|| {
+                    Arc::new(ThreadSetMaker {
+                        rank,
+                        sets: Arc::clone(&registry),
+                    })
+                });
                 let guards = Guards {
                     interrupt: None,
                     bulletin: Some(Arc::clone(&bulletin)),
@@ -176,7 +198,11 @@ where
                         } else {
                             None
                         };
-                        run_rank(rank, start(comm, config, timeline, guards), f, clock)
+                        let kolo = start(comm, config, timeline, guards).map(|kolo| match maker {
+                            Some(maker) => kolo.making_sets(maker),
+                            None => kolo,
+                        });
+                        run_rank(rank, kolo, f, clock)
                     })
                     .map_err(|e| (rank, e))
             })

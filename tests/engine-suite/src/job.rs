@@ -1,6 +1,8 @@
 //! Jobs: ranks, configuration and the cases they run; and the case lists.
 
-use crate::{equivalence, join, mismatch, ops, orders, refused, shutdown, stall, timeline, Case};
+use crate::{
+    equivalence, join, mismatch, ops, orders, refused, sets, shutdown, stall, timeline, Case,
+};
 use kolo::Config;
 use std::path::{Path, PathBuf};
 
@@ -58,6 +60,15 @@ const MAIN: &[Case] = &[
         equivalence::repeated_steps_any_submission,
     ),
     Case::new("timeline_operations", timeline::operations),
+    Case::new(
+        "sets_disjoint_and_overlapping",
+        sets::disjoint_and_overlapping,
+    ),
+    Case::new(
+        "sets_never_block_one_another",
+        sets::never_block_one_another,
+    ),
+    Case::new("sets_errors_name_the_set", sets::errors_name_the_set),
 ];
 
 /// The last case of [`Job::main`]: rank 0 shuts down while the others

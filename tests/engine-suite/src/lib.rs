@@ -59,6 +59,7 @@ mod orders;
 mod refused;
 mod report;
 mod rng;
+mod sets;
 mod shutdown;
 pub mod stall;
 mod timeline;

@@ -9,6 +9,7 @@ use crate::engine::lease::Lease;
 use crate::engine::names::TensorNames;
 use crate::engine::progress::Progress;
 use crate::error::Error;
+use crate::process_set::SetLabel;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;
@@ -41,6 +42,8 @@ pub(crate) struct Completion {
     progress: Option<Weak<dyn Progress>>,
     /// When it was submitted: the watchdog's timeout counts from here.
     submitted: Instant,
+    /// The process set whose engine runs it: its errors name the set.
+    set: Option<Arc<SetLabel>>,
 }
 
 struct State {
@@ -89,6 +92,17 @@ impl Completion {
         lease: Option<Lease>,
         progress: Option<Weak<dyn Progress>>,
     ) -> Arc<Completion> {
+        Completion::in_set(names, payloads, lease, progress, None)
+    }
+
+    /// [`Completion::new`] in the engine of process set `set`.
+    pub(crate) fn in_set(
+        names: Arc<TensorNames>,
+        payloads: bool,
+        lease: Option<Lease>,
+        progress: Option<Weak<dyn Progress>>,
+        set: Option<Arc<SetLabel>>,
+    ) -> Arc<Completion> {
         let parts = names.len();
         let completion = Arc::new(Completion {
             names,
@@ -110,6 +124,7 @@ impl Completion {
             finished: CachePadded::new(AtomicBool::new(false)),
             progress,
             submitted: Instant::now(),
+            set,
         });
         if parts == 0 {
             completion.finish(&mut completion.state.lock());
@@ -300,7 +315,7 @@ impl Completion {
                 }
             }
         }
-        take(&mut state)
+        take(&mut state, self.set.as_deref())
     }
 
     /// Takes the results if done; otherwise remembers `waker` (if any).
@@ -312,16 +327,20 @@ impl Completion {
             }
             return None;
         }
-        take(&mut state)
+        take(&mut state, self.set.as_deref())
     }
 }
 
 /// Takes a done submission's results out of `state`, once.
-fn take(state: &mut State) -> Option<Outcome> {
+fn take(state: &mut State, set: Option<&SetLabel>) -> Option<Outcome> {
     if std::mem::replace(&mut state.taken, true) {
         return None;
     }
     if let Some((_, error)) = state.error.take() {
+        let error = match set {
+            Some(set) => error.in_process_set(set),
+            None => error,
+        };
         return Some(Err(Failure { error }));
     }
     let outputs: Vec<Payload> = std::mem::take(&mut state.payloads)

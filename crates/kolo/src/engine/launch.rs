@@ -15,6 +15,7 @@ use crate::engine::submission::Submission;
 use crate::engine::watchdog::{Guards, Watch, Watchdog};
 use crate::error::Error;
 use crate::panic_text::panic_text;
+use crate::process_set::SetLabel;
 use crate::stats::Stats;
 use crossbeam_channel::Sender;
 use kolo_timeline::Timeline;
@@ -375,6 +376,12 @@ impl Runtime {
     /// Submits the tensors of `submission` together (they reach the same
     /// cycle, so they can fuse); all or none are accepted. Returns the
     /// submission's completion.
+    /// Makes this the engine of process set `set`: the errors of its
+    /// operations name it (see [`Error::in_process_set`]).
+    pub(crate) fn name_process_set(&self, set: Arc<SetLabel>) {
+        self.shared.table.lock().set_process_set(set);
+    }
+
     pub(crate) fn submit(&self, submission: Submission<'_>) -> Result<Arc<Completion>, Error> {
         if submission.len() == 0 {
             return Ok(Completion::new(

@@ -6,7 +6,7 @@ use crate::engine::placement::DevicePlane;
 use crate::engine::watchdog::Guards;
 use crate::error::Error;
 use crate::kolo::Kolo;
-use crate::threads::run_ranks;
+use crate::threads::{run_ranks, Sets};
 use kolo_nccl::{Mode, NcclComm, NcclOptions};
 use kolo_threads::ThreadComm;
 use kolo_transport::Topology;
@@ -52,7 +52,7 @@ where
             guards,
         )
     };
-    run_ranks(gpus, &config, start, f)
+    run_ranks(gpus, &config, start, Sets::Refuse, f)
 }
 
 /// A GPU engine of one rank, on GPU 0 (a process started alone, see

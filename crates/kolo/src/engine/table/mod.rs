@@ -25,6 +25,7 @@ use crate::engine::names::TensorNames;
 use crate::engine::progress::Progress;
 use crate::engine::submission::{Input, Inputs, Names, Shapes, Submission};
 use crate::error::Error;
+use crate::process_set::SetLabel;
 use kolo_coordinator::{Submission as Request, TensorId};
 use kolo_protocol::{Params, RequestKind};
 use rustc_hash::FxHashMap;
@@ -180,6 +181,9 @@ pub(crate) struct Table {
     /// long as the other ranks still have work, so the operation timeout
     /// does not count it (see [`Table::oldest_pending`]).
     joins: Vec<u64>,
+    /// The process set whose engine this is (see
+    /// [`Table::set_process_set`]).
+    set: Option<Arc<SetLabel>>,
 }
 
 impl Table {
@@ -262,7 +266,13 @@ impl Table {
             quiet,
             ..
         } = group;
-        let completion = Completion::new(names, payloads, lease, self.progress.clone());
+        let completion = Completion::in_set(
+            names,
+            payloads,
+            lease,
+            self.progress.clone(),
+            self.set.clone(),
+        );
         let requests = if repeat {
             Requests::Repeat
         } else {
@@ -459,6 +469,11 @@ impl Table {
 
     /// Lets handles of later submissions run the engine's cycles while
     /// they wait (see [`crate::engine::progress`]).
+    /// Names process set `set` in the errors of every later submission.
+    pub(crate) fn set_process_set(&mut self, set: Arc<SetLabel>) {
+        self.set = Some(set);
+    }
+
     pub(crate) fn set_progress(&mut self, progress: Weak<dyn Progress>) {
         self.progress = Some(progress);
     }

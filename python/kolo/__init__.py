@@ -104,6 +104,19 @@ local_size = _kolo.local_size
 mpi_threads_supported = _kolo.mpi_threads_supported
 barrier = _kolo.barrier
 join = _kolo.join
+ProcessSet = _kolo.ProcessSet
+
+
+def process_set(ranks):
+    """A set of ranks with an engine of its own (Horovod's ``ProcessSet``,
+    torch's ``new_group``): pass it as ``process_set=`` to any collective,
+    :func:`barrier` or :func:`join`. Only the members call this, each with
+    the same world ranks; it returns once every member did, and members
+    make the sets of one list in the same order. Within the set, ranks
+    are numbered 0.. in the order of their world ranks
+    (``ProcessSet.rank``, ``.size``, ``.members``); a tensor name used in
+    two sets names two tensors, and one set never waits on another."""
+    return _kolo.process_set([int(r) for r in ranks])
 
 _counters = {}
 
@@ -192,30 +205,31 @@ class Compression:
 
 
 def allreduce(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              compression=Compression.none):
+              compression=Compression.none, process_set=None):
     """Reduces `tensor` across all ranks in place and returns it:
     ``postscale * op(prescale * tensor_r for every rank r)``. Tensors
     reduced at about the same time are fused into one collective;
-    `compression` (:class:`Compression`) makes float data travel in 16 bits."""
+    `compression` (:class:`Compression`) makes float data travel in 16 bits;
+    `process_set` (:func:`process_set`) reduces among its members only."""
     native, stream = _native(tensor)
     _kolo.allreduce(native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream,
-                    compression=compression)
+                    compression=compression, process_set=process_set)
     return tensor
 
 
 def allreduce_async(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=Compression.none):
+                    compression=Compression.none, process_set=None):
     """:func:`allreduce`, returning a :class:`Handle` at once."""
     native, stream = _native(tensor)
     handle = _kolo.allreduce_async(
         native, _name("allreduce", name), op, prescale_factor, postscale_factor, stream,
-        compression=compression,
+        compression=compression, process_set=process_set,
     )
     return Handle(handle, lambda _: tensor)
 
 
 def grouped_allreduce_async(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=Compression.none):
+                            compression=Compression.none, process_set=None):
     """:func:`grouped_allreduce`, returning a :class:`Handle` at once."""
     tensors = list(tensors)
     if names is None:
@@ -225,44 +239,46 @@ def grouped_allreduce_async(tensors, op=Sum, names=None, prescale_factor=1.0, po
     stream = natives[0][1] if natives else 0
     handle = _kolo.grouped_allreduce_async(
         [n for n, _ in natives], list(names), op, prescale_factor, postscale_factor, stream,
-        compression=compression,
+        compression=compression, process_set=process_set,
     )
     return Handle(handle, lambda _: tensors)
 
 
 def grouped_allreduce(tensors, op=Sum, names=None, prescale_factor=1.0, postscale_factor=1.0,
-                      compression=Compression.none):
+                      compression=Compression.none, process_set=None):
     """Reduces `tensors` (one data type and device) in place as one fused
     group and returns them; every rank passes the same group."""
     return grouped_allreduce_async(
-        tensors, op, names, prescale_factor, postscale_factor, compression
+        tensors, op, names, prescale_factor, postscale_factor, compression, process_set
     ).wait()
 
 
-def broadcast_async(tensor, root_rank=0, name=None):
+def broadcast_async(tensor, root_rank=0, name=None, process_set=None):
     """:func:`broadcast`, returning a :class:`Handle` at once."""
     native, stream = _native(tensor)
-    handle = _kolo.broadcast_async(native, _name("broadcast", name), root_rank, stream)
+    handle = _kolo.broadcast_async(native, _name("broadcast", name), root_rank, stream,
+                                   process_set=process_set)
     return Handle(handle, lambda _: tensor)
 
 
-def broadcast(tensor, root_rank=0, name=None):
+def broadcast(tensor, root_rank=0, name=None, process_set=None):
     """Copies `root_rank`'s `tensor` into every rank's `tensor` (in place)
-    and returns it."""
-    return broadcast_async(tensor, root_rank, name).wait()
+    and returns it (`root_rank` within `process_set` where one is given)."""
+    return broadcast_async(tensor, root_rank, name, process_set).wait()
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
     """:func:`allgather`, returning a :class:`Handle` at once."""
     native, stream = _native(tensor)
-    handle = _kolo.allgather_async(native, _name("allgather", name), stream)
+    handle = _kolo.allgather_async(native, _name("allgather", name), stream,
+                                   process_set=process_set)
     return Handle(handle, lambda out: _like(tensor, out))
 
 
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=None):
     """Every rank's `tensor` concatenated along the first dimension (which
     may differ per rank), as a new array or tensor of the same kind."""
-    return allgather_async(tensor, name).wait()
+    return allgather_async(tensor, name, process_set).wait()
 
 
 def _share_shape(shape, ranks, me):
@@ -271,9 +287,11 @@ def _share_shape(shape, ranks, me):
     return (share,) + tuple(shape[1:])
 
 
-def reduce_scatter_async(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reduce_scatter_async(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                         process_set=None):
     """:func:`reduce_scatter`, returning a :class:`Handle` at once."""
-    shape = _share_shape(tuple(tensor.shape), size(), rank())
+    ranks, me = (size(), rank()) if process_set is None else (process_set.size, process_set.rank)
+    shape = _share_shape(tuple(tensor.shape), ranks, me)
     torch = _torch_of(tensor)
     if torch is not None:
         output = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
@@ -284,31 +302,35 @@ def reduce_scatter_async(tensor, op=Sum, name=None, prescale_factor=1.0, postsca
     native_in, stream = _native(tensor)
     native_out, _ = _native(output)
     handle = _kolo.reduce_scatter_async(
-        native_in, native_out, _name("reduce_scatter", name), op, prescale_factor, postscale_factor, stream
+        native_in, native_out, _name("reduce_scatter", name), op, prescale_factor, postscale_factor, stream,
+        process_set=process_set,
     )
     return Handle(handle, lambda _: output)
 
 
-def reduce_scatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reduce_scatter(tensor, op=Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                   process_set=None):
     """Reduces `tensor` across all ranks and returns this rank's share of
     its rows (ranks take them in order; the first ``rows % size`` ranks
     one more), as a new array or tensor."""
-    return reduce_scatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+    return reduce_scatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """:func:`alltoall`, returning a :class:`Handle` at once."""
     native, stream = _native(tensor)
     splits = None if splits is None else [int(s) for s in splits]
-    handle = _kolo.alltoall_async(native, _name("alltoall", name), splits, stream)
+    handle = _kolo.alltoall_async(native, _name("alltoall", name), splits, stream,
+                                  process_set=process_set)
     return Handle(handle, lambda out: (_like(tensor, out), list(out.splits)))
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=None):
     """Sends ``splits[p]`` rows of `tensor` to each rank p (None: an even
     split) and returns ``(received, received_splits)``: the rows that
     arrived, concatenated in rank order, and how many came from each rank."""
-    return alltoall_async(tensor, splits, name).wait()
+    return alltoall_async(tensor, splits, name, process_set).wait()
 
 
 def run_job(ranks, argv, env=(), timeout=300.0):
@@ -324,7 +346,7 @@ __all__ = [
     "mpi_threads_supported", "allreduce", "allreduce_async", "grouped_allreduce",
     "grouped_allreduce_async", "broadcast", "broadcast_async", "allgather", "allgather_async",
     "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async", "barrier", "join",
-    "poll", "synchronize", "Handle", "run_job", "Compression",
+    "poll", "synchronize", "Handle", "run_job", "Compression", "process_set", "ProcessSet",
     "KoloError", "MismatchError", "StalledError", "ShutDownError", "RankFailedError",
     "InvalidArgumentError", "StartError", "NotInitializedError", "TimeoutError",
     "OperationTimeoutError",

@@ -11,6 +11,7 @@ mod handle;
 mod intake;
 mod launch;
 mod ops;
+mod sets;
 
 use errors::{not_initialized, raise};
 use kolo::Kolo;
@@ -122,9 +123,11 @@ fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::alltoall_async, m)?)?;
     m.add_function(wrap_pyfunction!(ops::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(ops::join, m)?)?;
+    m.add_function(wrap_pyfunction!(sets::process_set, m)?)?;
     m.add_function(wrap_pyfunction!(launch::run_job, m)?)?;
     m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<handle::Output>()?;
+    m.add_class::<sets::ProcessSet>()?;
     Ok(())
 }

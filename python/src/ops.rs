@@ -3,10 +3,10 @@
 //! taken in without a copy (see [`crate::intake`]); in-place operations
 //! write into the caller's array or tensor.
 
-use crate::engine;
 use crate::errors::raise;
 use crate::handle::{Handle, Output};
 use crate::intake::{intake, Held, Intake};
+use crate::sets::{target, ProcessSet};
 use kolo::raw::RawHandle;
 use kolo::{Compression, Kolo, ReduceOp, ReduceOptions, TensorGroup};
 use pyo3::exceptions::PyValueError;
@@ -22,10 +22,11 @@ struct Submitted {
 /// the tensors' memory needs) with the handle.
 fn submit(
     py: Python<'_>,
+    set: Option<&ProcessSet>,
     held: Vec<Held>,
     submit: impl FnOnce(&Kolo) -> Result<RawHandle, kolo::Error>,
 ) -> PyResult<Submitted> {
-    let kolo = engine(py)?;
+    let kolo = target(py, set)?;
     let raw = submit(&kolo).map_err(|e| raise(py, e))?;
     Ok(Submitted { raw, held })
 }
@@ -77,6 +78,7 @@ fn allreduce_submit(
     postscale: f64,
     stream: usize,
     compression: &str,
+    process_set: Option<&ProcessSet>,
 ) -> PyResult<Submitted> {
     let py = tensor.py();
     let options = reduce_options(name, op, prescale, postscale, compression)?;
@@ -84,14 +86,14 @@ fn allreduce_submit(
     // SAFETY: `held` keeps the tensor's memory alive until the operation
     // completed (waited for here, or by the handle, whose drop hands it
     // to the completion).
-    submit(py, held, |k| unsafe {
+    submit(py, process_set.as_deref(), held, |k| unsafe {
         k.allreduce_raw(name, &tensor, options)
     })
 }
 
 /// Reduces `tensor` across all ranks, in place.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
+#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none", process_set=None))]
 pub(crate) fn allreduce(
     tensor: &Bound<'_, PyAny>,
     name: &str,
@@ -100,14 +102,24 @@ pub(crate) fn allreduce(
     postscale: f64,
     stream: usize,
     compression: &str,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<()> {
-    let submitted = allreduce_submit(tensor, name, op, prescale, postscale, stream, compression)?;
+    let submitted = allreduce_submit(
+        tensor,
+        name,
+        op,
+        prescale,
+        postscale,
+        stream,
+        compression,
+        process_set.as_deref(),
+    )?;
     finish(tensor.py(), submitted).map(drop)
 }
 
 /// [`allreduce`], returning a handle.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
+#[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none", process_set=None))]
 pub(crate) fn allreduce_async(
     tensor: &Bound<'_, PyAny>,
     name: &str,
@@ -116,16 +128,25 @@ pub(crate) fn allreduce_async(
     postscale: f64,
     stream: usize,
     compression: &str,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
-    let Submitted { raw, held } =
-        allreduce_submit(tensor, name, op, prescale, postscale, stream, compression)?;
+    let Submitted { raw, held } = allreduce_submit(
+        tensor,
+        name,
+        op,
+        prescale,
+        postscale,
+        stream,
+        compression,
+        process_set.as_deref(),
+    )?;
     Ok(Handle::new(raw, held))
 }
 
 /// Reduces `tensors` (one data type and device) in place, fused: every
 /// rank passes the same `names` in the same order.
 #[pyfunction]
-#[pyo3(signature = (tensors, names, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none"))]
+#[pyo3(signature = (tensors, names, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none", process_set=None))]
 #[allow(clippy::too_many_arguments)] // the Python call's keywords
 pub(crate) fn grouped_allreduce_async(
     py: Python<'_>,
@@ -136,6 +157,7 @@ pub(crate) fn grouped_allreduce_async(
     postscale: f64,
     stream: usize,
     compression: &str,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
     if tensors.len() != names.len() {
         return Err(PyValueError::new_err(format!(
@@ -155,7 +177,7 @@ pub(crate) fn grouped_allreduce_async(
         held.extend(taken.held);
     }
     // SAFETY: as in `allreduce_submit`, for every tensor.
-    let Submitted { raw, held } = submit(py, held, |k| unsafe {
+    let Submitted { raw, held } = submit(py, process_set.as_deref(), held, |k| unsafe {
         k.allreduce_group_raw(&group, &raw, options)
     })?;
     Ok(Handle::new(raw, held))
@@ -163,17 +185,18 @@ pub(crate) fn grouped_allreduce_async(
 
 /// Copies rank `root`'s `tensor` into every rank's `tensor`.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, root=0, stream=0))]
+#[pyo3(signature = (tensor, name, root=0, stream=0, process_set=None))]
 pub(crate) fn broadcast_async(
     tensor: &Bound<'_, PyAny>,
     name: &str,
     root: usize,
     stream: usize,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
     let py = tensor.py();
     let Intake { tensor, held } = intake(tensor, name, true, stream)?;
     // SAFETY: as in `allreduce_submit`.
-    let Submitted { raw, held } = submit(py, held, |k| unsafe {
+    let Submitted { raw, held } = submit(py, process_set.as_deref(), held, |k| unsafe {
         k.broadcast_raw(name, &tensor, root)
     })?;
     Ok(Handle::new(raw, held))
@@ -182,23 +205,26 @@ pub(crate) fn broadcast_async(
 /// Concatenates every rank's `tensor` along the first dimension; the
 /// handle's output holds the result.
 #[pyfunction]
-#[pyo3(signature = (tensor, name, stream=0))]
+#[pyo3(signature = (tensor, name, stream=0, process_set=None))]
 pub(crate) fn allgather_async(
     tensor: &Bound<'_, PyAny>,
     name: &str,
     stream: usize,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
     let py = tensor.py();
     let Intake { tensor, held } = intake(tensor, name, false, stream)?;
     // SAFETY: as in `allreduce_submit` (the input is only read).
-    let Submitted { raw, held } = submit(py, held, |k| unsafe { k.allgather_raw(name, &tensor) })?;
+    let Submitted { raw, held } = submit(py, process_set.as_deref(), held, |k| unsafe {
+        k.allgather_raw(name, &tensor)
+    })?;
     Ok(Handle::new(raw, held))
 }
 
 /// Reduces `input` across all ranks into this rank's share of its rows,
 /// `output`.
 #[pyfunction]
-#[pyo3(signature = (input, output, name, op=0, prescale=1.0, postscale=1.0, stream=0))]
+#[pyo3(signature = (input, output, name, op=0, prescale=1.0, postscale=1.0, stream=0, process_set=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_scatter_async(
     input: &Bound<'_, PyAny>,
@@ -208,6 +234,7 @@ pub(crate) fn reduce_scatter_async(
     prescale: f64,
     postscale: f64,
     stream: usize,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
     let py = input.py();
     let options = reduce_options(name, op, prescale, postscale, "none")?;
@@ -216,7 +243,7 @@ pub(crate) fn reduce_scatter_async(
     let mut held = input.held;
     held.extend(output.held);
     // SAFETY: as in `allreduce_submit`, for both tensors.
-    let Submitted { raw, held } = submit(py, held, |k| unsafe {
+    let Submitted { raw, held } = submit(py, process_set.as_deref(), held, |k| unsafe {
         k.reduce_scatter_raw(name, &input.tensor, &output.tensor, options)
     })?;
     Ok(Handle::new(raw, held))
@@ -226,18 +253,19 @@ pub(crate) fn reduce_scatter_async(
 /// split); the handle's output holds what arrived (its `splits`: the
 /// rows from each rank).
 #[pyfunction]
-#[pyo3(signature = (tensor, name, splits=None, stream=0))]
+#[pyo3(signature = (tensor, name, splits=None, stream=0, process_set=None))]
 pub(crate) fn alltoall_async(
     tensor: &Bound<'_, PyAny>,
     name: &str,
     splits: Option<Vec<usize>>,
     stream: usize,
+    process_set: Option<PyRef<'_, ProcessSet>>,
 ) -> PyResult<Handle> {
     let py = tensor.py();
     let splits = splits.unwrap_or_default();
     let Intake { tensor, held } = intake(tensor, name, false, stream)?;
     // SAFETY: as in `allreduce_submit` (the input is only read).
-    let Submitted { raw, held } = submit(py, held, |k| unsafe {
+    let Submitted { raw, held } = submit(py, process_set.as_deref(), held, |k| unsafe {
         k.alltoall_raw(name, &tensor, &splits)
     })?;
     Ok(Handle::new(raw, held))
@@ -245,15 +273,17 @@ pub(crate) fn alltoall_async(
 
 /// Blocks until every rank entered the barrier (GIL released).
 #[pyfunction]
-pub(crate) fn barrier(py: Python<'_>) -> PyResult<()> {
-    let kolo = engine(py)?;
+#[pyo3(signature = (process_set=None))]
+pub(crate) fn barrier(py: Python<'_>, process_set: Option<PyRef<'_, ProcessSet>>) -> PyResult<()> {
+    let kolo = target(py, process_set.as_deref())?;
     py.detach(|| kolo.barrier()).map_err(|e| raise(py, e))
 }
 
 /// Horovod's join: this rank has no more batches; returns the last rank
 /// to join (GIL released).
 #[pyfunction]
-pub(crate) fn join(py: Python<'_>) -> PyResult<usize> {
-    let kolo = engine(py)?;
+#[pyo3(signature = (process_set=None))]
+pub(crate) fn join(py: Python<'_>, process_set: Option<PyRef<'_, ProcessSet>>) -> PyResult<usize> {
+    let kolo = target(py, process_set.as_deref())?;
     py.detach(|| kolo.join()).map_err(|e| raise(py, e))
 }

@@ -42,6 +42,8 @@ pub struct SoakReport {
     pub first_wrong: Option<String>,
     /// `(seconds since the start, resident KiB)`, sampled.
     pub rss: Vec<(f64, u64)>,
+    /// This rank's fusion buffers in KiB at each sample (every rank).
+    pub fusion_kib: Vec<u64>,
 }
 
 /// splitmix64: a small deterministic generator, the same on every rank.
@@ -515,6 +517,9 @@ pub fn soak_rank(kolo: &Kolo, options: &SoakOptions) -> Result<SoakReport, Error
         if word[0] & 2 != 0 {
             // Every rank's step is over and its buffers freed: rank 0
             // samples what the process holds while the others wait.
+            report
+                .fusion_kib
+                .push(kolo.stats().fusion_buffer_bytes >> 10);
             if kolo.rank() == 0 {
                 report.rss.push((elapsed.as_secs_f64(), held_kib()));
                 next_sample = elapsed + options.sample_every;

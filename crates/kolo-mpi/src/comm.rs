@@ -11,6 +11,10 @@ use mpi::traits::AsRaw;
 use std::os::raw::c_int;
 use std::sync::Arc;
 
+/// The largest tag [`MpiComm::create_group`] takes: MPI guarantees tags up
+/// to 32767.
+pub const MAX_GROUP_TAG: u16 = 32767;
+
 /// One rank of an MPI job, implementing kolo's control plane and host data
 /// plane. Create it with [`MpiComm::init`] (once per process).
 pub struct MpiComm {
@@ -180,6 +184,66 @@ impl MpiComm {
             local_size,
             runtime: Arc::clone(&self.runtime),
         }))
+    }
+
+    /// A communicator of `members` (ranks of this one, in the order that
+    /// gives their ranks in it), made by the members alone
+    /// (`MPI_Comm_create_group` of the control and data communicators):
+    /// ranks outside the list call nothing. `tag` tells apart creations
+    /// that may overlap on this communicator (every member passes the
+    /// same, at most [`MAX_GROUP_TAG`]).
+    ///
+    /// **Collective over the members**, who call it the same number of
+    /// times in the same order. Like [`MpiComm::duplicate`] it is meant
+    /// for another thread, so it needs `MPI_THREAD_MULTIPLE` and returns
+    /// [`MpiError::ThreadLevel`] below it, before calling MPI.
+    pub fn create_group(
+        &self,
+        members: &[usize],
+        tag: u16,
+    ) -> std::result::Result<MpiComm, MpiError> {
+        let granted = self.runtime.level;
+        if granted < ThreadLevel::Multiple {
+            return Err(MpiError::ThreadLevel {
+                operation: "MpiComm::create_group (a process set's communicator)",
+                needed: ThreadLevel::Multiple,
+                granted,
+            });
+        }
+        let mut ranks = Vec::with_capacity(members.len());
+        for &m in members {
+            match c_int::try_from(m) {
+                Ok(r) if m < self.size => ranks.push(r),
+                _ => {
+                    return Err(MpiError::Mpi(TransportError::InvalidArgument(format!(
+                        "MpiComm::create_group: rank {m} is not a rank of a communicator of {}",
+                        self.size
+                    ))))
+                }
+            }
+        }
+        if !members.contains(&self.rank) {
+            return Err(MpiError::Mpi(TransportError::InvalidArgument(format!(
+                "MpiComm::create_group: rank {} is not among {members:?}",
+                self.rank
+            ))));
+        }
+        let tag = c_int::from(tag.min(MAX_GROUP_TAG));
+        let types = Types::create()?;
+        let control = self.control.create_group(&ranks, tag)?;
+        let data = self.data.create_group(&ranks, tag)?;
+        let ((rank, size), (local_rank, local_size)) = data.topology()?;
+        Ok(MpiComm {
+            types,
+            control,
+            data,
+            tag_ub: self.tag_ub,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            runtime: Arc::clone(&self.runtime),
+        })
     }
 
     /// The thread level MPI granted.

@@ -37,6 +37,13 @@ impl Communicator {
             .transpose()
     }
 
+    /// `MPI_Comm_create_group` of `members`. Collective over the members.
+    pub(crate) fn create_group(&self, members: &[c_int], tag: c_int) -> Result<Communicator> {
+        // SAFETY: `self.0` is live; the new communicator is owned by the
+        // result.
+        Communicator::adopt(unsafe { raw::comm::create_group(self.0, members, tag) }?)
+    }
+
     /// This communicator's (rank, size), and its local (rank, size) from a
     /// shared-memory split of it. Collective over this communicator.
     pub(crate) fn topology(&self) -> Result<((usize, usize), (usize, usize))> {

@@ -61,6 +61,6 @@ pub mod launcher;
 mod raw;
 mod runtime;
 
-pub use comm::MpiComm;
+pub use comm::{MpiComm, MAX_GROUP_TAG};
 pub use error::MpiError;
 pub use runtime::{granted_thread_level, ThreadLevel};

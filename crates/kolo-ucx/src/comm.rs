@@ -9,7 +9,7 @@ use crate::safe::wait::{wait_all, InFlight, Interrupter, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
 use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
-use kolo_rendezvous::Rendezvous;
+use kolo_rendezvous::{Client, Rendezvous};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
 use kolo_transport::{Collectives, Controller, Element, Result, Topology, TransportError};
 use std::sync::Arc;
@@ -123,25 +123,13 @@ impl UcxComm {
             hosts.push(u64::from_le_bytes(*host));
             addresses.push(address.to_vec());
         }
-        let endpoints = connect_all(&worker, &addresses)?;
-        let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let spin_polls = if rendezvous.local_world_size() > cores {
-            0
-        } else {
-            SPIN_POLLS
-        };
-        let mut comm = UcxComm {
-            rank,
-            size: members.len(),
-            local_rank: hosts[..rank].iter().filter(|&&h| h == hosts[rank]).count(),
-            local_size: hosts.iter().filter(|&&h| h == hosts[rank]).count(),
-            endpoints,
-            peers,
-            spin_polls,
-            interrupter: Interrupter::default(),
+        let mut comm = UcxComm::assemble(
             worker,
-        };
+            rank,
+            &hosts,
+            &addresses,
+            rendezvous.local_world_size(),
+        )?;
         // Wires every endpoint up before anyone leaves the rendezvous.
         comm.control_barrier().map_err(|e| UcsError {
             call: "the first barrier over UCX",
@@ -150,6 +138,85 @@ impl UcxComm {
         })?;
         rendezvous.barrier("ucx/connected")?;
         Ok(Some(comm))
+    }
+
+    /// A communicator of `members` (ranks of the job whose store `client`
+    /// reaches, ascending or not: their order gives their ranks in it)
+    /// made by the members alone, each calling it with the same list and
+    /// `space`, a name no other communicator of the job uses. `me` is this
+    /// process's rank in the job and `host` names its host (the job rank
+    /// of its host's first rank). Ranks outside the list call nothing.
+    /// Waits up to `timeout` for every member's address.
+    pub fn connect_members(
+        client: &mut Client,
+        space: &str,
+        me: usize,
+        host: u64,
+        members: &[usize],
+        timeout: Duration,
+    ) -> std::result::Result<UcxComm, UcxError> {
+        let world = members.iter().max().map_or(0, |&r| r + 1);
+        check_members(members, world)?;
+        let rank = members
+            .iter()
+            .position(|&r| r == me)
+            .ok_or_else(|| UcxError::Members(format!("rank {me} is not among {members:?}")))?;
+        let worker = Worker::new()?;
+        let key = |member: usize| format!("{space}/address/{member}");
+        let mine = [host.to_le_bytes().as_slice(), &worker.address()?].concat();
+        client.set(&key(me), &mine)?;
+        let keys: Vec<String> = members.iter().map(|&m| key(m)).collect();
+        client.wait(&keys, timeout)?;
+        let mut hosts = Vec::with_capacity(members.len());
+        let mut addresses = Vec::with_capacity(members.len());
+        for (&member, key) in members.iter().zip(&keys) {
+            let entry = client.get(key, timeout)?;
+            let Some((host, address)) = entry.split_first_chunk::<8>() else {
+                return Err(UcxError::Members(format!(
+                    "rank {member} posted no address under {key}"
+                )));
+            };
+            hosts.push(u64::from_le_bytes(*host));
+            addresses.push(address.to_vec());
+        }
+        let local_world = hosts.iter().filter(|&&h| h == host).count();
+        let mut comm = UcxComm::assemble(worker, rank, &hosts, &addresses, local_world)?;
+        // Wires every endpoint up; a member's address stays in the store
+        // only until all of them connected.
+        comm.control_barrier().map_err(|e| UcsError {
+            call: "the first barrier over UCX",
+            status: 0,
+            text: e.to_string(),
+        })?;
+        client.delete(&key(me))?;
+        Ok(comm)
+    }
+
+    /// The communicator of this process's `worker`, rank `rank` among
+    /// members with `addresses` on `hosts`, `local_world` processes on
+    /// this host.
+    fn assemble(
+        worker: Worker,
+        rank: usize,
+        hosts: &[u64],
+        addresses: &[Vec<u8>],
+        local_world: usize,
+    ) -> std::result::Result<UcxComm, UcxError> {
+        let endpoints = connect_all(&worker, addresses)?;
+        let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin_polls = if local_world > cores { 0 } else { SPIN_POLLS };
+        Ok(UcxComm {
+            rank,
+            size: hosts.len(),
+            local_rank: hosts[..rank].iter().filter(|&&h| h == hosts[rank]).count(),
+            local_size: hosts.iter().filter(|&&h| h == hosts[rank]).count(),
+            endpoints,
+            peers,
+            spin_polls,
+            interrupter: Interrupter::default(),
+            worker,
+        })
     }
 
     /// Ends this communicator's waits from another thread (see

@@ -107,7 +107,7 @@ impl Kolo {
     /// [`Kolo::start_on_thread`] with an optional device data plane, made
     /// on the engine's thread with the backend (the GPU engines), and rank
     /// 0's timeline perhaps already open (see [`Kolo::start_sharing`]).
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "nccl", feature = "mpi")), allow(dead_code))]
     pub(crate) fn start_engine<B, M, F>(
         make: M,
         config: Config,

@@ -1,8 +1,10 @@
 //! Running kolo across processes with MPI (the `mpi` feature): one process
 //! per rank, launched with `mpirun -np N program`.
 
+use crate::process_set::mpi::MpiSetMaker;
 use crate::{Config, Error, Kolo};
 use kolo_mpi::MpiComm;
+use std::sync::Arc;
 
 impl Kolo {
     /// Initialises MPI and starts the engine on it: call once per process
@@ -14,15 +16,21 @@ impl Kolo {
     /// forever.
     pub fn init_mpi(config: Config) -> Result<Kolo, Error> {
         let disable = config.mpi_threads_disable;
-        Kolo::start_on_thread(
+        let sets = Arc::new(MpiSetMaker::default());
+        let keeper = Arc::clone(&sets);
+        let kolo = Kolo::start_on_thread(
             move || {
-                MpiComm::init(disable).map_err(|e| Error::Start {
+                let comm = MpiComm::init(disable).map_err(|e| Error::Start {
                     message: format!("MPI initialisation failed: {e}"),
-                })
+                })?;
+                // Collective, so every rank keeps one (or fails alike).
+                keeper.keep(&comm);
+                Ok(comm)
             },
             config,
             |comm: &mut MpiComm, message: &str| comm.abort(1, message),
-        )
+        )?;
+        Ok(kolo.making_sets(sets))
     }
 
     /// Whether MPI granted `MPI_THREAD_MULTIPLE` (`None` when MPI is not

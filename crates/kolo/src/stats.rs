@@ -32,6 +32,10 @@ pub struct Stats {
     pub failed_tensors: u64,
     /// Histogram: tensors carried by one operation -> number of operations.
     pub tensors_per_operation: BTreeMap<usize, u64>,
+    /// Bytes the host fusion buffers held at the last operation (they
+    /// stay within twice the fusion threshold; see kolo-fusion's
+    /// `FusionBuffers`).
+    pub fusion_buffer_bytes: u64,
 }
 
 impl Stats {

@@ -126,6 +126,8 @@ def main():
         t.join(timeout=120)
     check(results == {i: float(i * n) for i in range(4)}, f"threads: {results}")
 
+    check_process_sets(r, n)
+
     last = kolo.join()
     check(0 <= last < n, f"join: {last}")
     kolo.shutdown()
@@ -136,6 +138,58 @@ def main():
     except kolo.NotInitializedError:
         pass
     print(f"rank {r} of {n}: ok")
+
+
+def check_process_sets(r, n):
+    """Disjoint and overlapping sets, one name in the world and two sets at
+    once, every collective on a set, and its errors naming it."""
+    parity = [q for q in range(n) if q % 2 == r % 2]
+    ends = sorted({0, n - 1})
+    mine = kolo.process_set(parity)
+    check(mine.members == parity and mine.size == len(parity), f"members: {mine}")
+    check(mine.rank == parity.index(r), f"set rank: {mine}")
+    both = kolo.process_set(ends) if r in ends else None
+    world = np.full(3, 1 << r, dtype=np.int64)
+    in_parity = np.full(3, 1 << r, dtype=np.int64)
+    in_ends = np.full(3, 1 << r, dtype=np.int64)
+    handles = [
+        kolo.allreduce_async(world, name="sets.x"),
+        kolo.allreduce_async(in_parity, name="sets.x", process_set=mine),
+    ]
+    if both is not None:
+        kolo.allreduce(in_ends, name="sets.x", process_set=both)
+        check((in_ends == sum(1 << q for q in ends)).all(), f"ends: {in_ends}")
+    for h in handles:
+        kolo.synchronize(h)
+    check((world == (1 << n) - 1).all(), f"world: {world}")
+    check((in_parity == sum(1 << q for q in parity)).all(), f"parity: {in_parity}")
+    b = np.full(2, float(r), dtype=np.float32)
+    kolo.broadcast(b, root_rank=len(parity) - 1, name="sets.b", process_set=mine)
+    check((b == parity[-1]).all(), f"set broadcast: {b}")
+    gathered = kolo.allgather(np.array([r], dtype=np.int32), name="sets.g", process_set=mine)
+    check(list(gathered) == parity, f"set allgather: {gathered}")
+    share = kolo.reduce_scatter(np.ones(2 * len(parity), dtype=np.float32), name="sets.rs",
+                                process_set=mine)
+    check(list(share) == [len(parity)] * 2, f"set reduce_scatter: {share}")
+    group = [np.ones(2, dtype=np.float32), np.full(1, float(r), dtype=np.float32)]
+    kolo.grouped_allreduce(group, op=kolo.Max, names=["sets.ga", "sets.gb"], process_set=mine)
+    check(group[1][0] == parity[-1], f"set group: {group}")
+    kolo.barrier(process_set=mine)
+    if len(parity) > 1:
+        try:
+            kolo.allreduce(np.zeros(2 + mine.rank, dtype=np.float32), name="sets.bad",
+                           process_set=mine)
+            check(False, "a mismatch in a set must raise")
+        except kolo.MismatchError as e:
+            check(f"process set {parity}" in str(e), f"the error names the set: {e}")
+    try:
+        kolo.process_set([q for q in range(n) if q != r] or [n])
+        check(False, "a set without this rank must raise")
+    except kolo.InvalidArgumentError as e:
+        check("process set" in str(e), f"{e}")
+    mine.shutdown()
+    if both is not None:
+        both.shutdown()
 
 
 if __name__ == "__main__":

@@ -116,6 +116,14 @@ fn main() -> ExitCode {
             .map(|&(t, kib)| format!("{t:.0}s {} MiB", kib >> 10))
             .collect();
         println!("soak: resident memory: {}", samples.join(", "));
+        // The fusion buffers of this process's ranks together, per sample.
+        let fusion: Vec<String> = (0..first.fusion_kib.len())
+            .map(|i| {
+                let kib: u64 = reports.iter().filter_map(|r| r.fusion_kib.get(i)).sum();
+                format!("{} MiB", kib >> 10)
+            })
+            .collect();
+        println!("soak: fusion buffers: {}", fusion.join(", "));
     }
     for r in &reports {
         if let Some(what) = &r.first_wrong {

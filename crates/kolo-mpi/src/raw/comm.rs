@@ -44,6 +44,51 @@ pub(crate) unsafe fn split(comm: Comm, color: Option<c_int>, key: c_int) -> Resu
     Ok(Some(out))
 }
 
+/// `MPI_Comm_create_group`: a communicator of the ranks `members` of
+/// `comm` (in that order), made by those ranks alone; `tag` tells apart
+/// creations that may run at once on `comm`. Collective over the members
+/// only.
+///
+/// # Safety
+/// As [`dup`].
+pub(crate) unsafe fn create_group(comm: Comm, members: &[c_int], tag: c_int) -> Result<Comm> {
+    let len = c_int::try_from(members.len()).map_err(|_| {
+        kolo_transport::TransportError::InvalidArgument(format!(
+            "{} members: more than MPI can count",
+            members.len()
+        ))
+    })?;
+    // SAFETY: rsmpi's constant for the null group, read before MPI fills it.
+    let mut whole = unsafe { ffi::RSMPI_GROUP_NULL };
+    // SAFETY: `comm` is live, `whole` a valid out-slot.
+    check(
+        unsafe { ffi::MPI_Comm_group(comm, &mut whole) },
+        "MPI_Comm_group",
+    )?;
+    // SAFETY: as above.
+    let mut part = unsafe { ffi::RSMPI_GROUP_NULL };
+    // SAFETY: `whole` is the group MPI just made; `members` holds `len`
+    // ranks and outlives the call; `part` a valid out-slot.
+    let included = check(
+        unsafe { ffi::MPI_Group_incl(whole, len, members.as_ptr(), &mut part) },
+        "MPI_Group_incl",
+    );
+    // SAFETY: `whole` was made above and is not used after this.
+    let _ = unsafe { ffi::MPI_Group_free(&mut whole) };
+    included?;
+    let mut out = null();
+    // SAFETY: `comm` is live, `part` the group just made, `out` a valid
+    // out-slot.
+    let created = check(
+        unsafe { ffi::MPI_Comm_create_group(comm, part, tag, &mut out) },
+        "MPI_Comm_create_group",
+    );
+    // SAFETY: `part` was made above and is not used after this.
+    let _ = unsafe { ffi::MPI_Group_free(&mut part) };
+    created?;
+    Ok(out)
+}
+
 /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`: the ranks of `comm` that
 /// share memory with this one (this host). Collective over `comm`.
 ///

@@ -18,7 +18,11 @@
 //! kolo-threads a world of the member threads, UCX endpoints exchanged
 //! through the rendezvous store, MPI `MPI_Comm_create_group`.
 
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
 pub(crate) mod threads;
+#[cfg(feature = "ucx")]
+pub(crate) mod ucx;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -44,6 +48,7 @@ impl SetLabel {
 
     /// A short key for backends' message spaces: the members and the
     /// ordinal, the same on every member.
+    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
     pub(crate) fn key(&self) -> String {
         let members: Vec<String> = self.members.iter().map(usize::to_string).collect();
         format!("{}#{}", members.join("."), self.ordinal)

@@ -304,6 +304,14 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         Some(ids)
     }
 
+    /// Counts one operation of `tensors` tensors, and the fusion buffers
+    /// held as the operations before it left them.
+    fn record_operation(&self, tensors: usize) {
+        let mut stats = self.shared.stats.lock();
+        stats.record_operation(tensors);
+        stats.fusion_buffer_bytes = self.buffers.bytes_allocated() as u64;
+    }
+
     /// After a cycle [`Performer::perform_repeat`] performed and the
     /// coordinator settled: the group's tensors leave the hold, and the
     /// plan stays memoized against the cache as it now is.
@@ -420,7 +428,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
             if let Some(whole) = self.whole_submission(work, members) {
                 let ids = self.batches.ids(whole.key()).map(Arc::clone);
                 let order = whole.order().clone();
-                self.shared.stats.lock().record_operation(members.len());
+                self.record_operation(members.len());
                 self.perform_whole(head, whole);
                 return ids.map(|ids| (ids, order));
             }
@@ -443,7 +451,7 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         self.timeline.activity_end_all(&names);
         let slots = self.take_entries(work, members);
         if kind != RequestKind::Join {
-            self.shared.stats.lock().record_operation(slots.len());
+            self.record_operation(slots.len());
         }
         tracing::trace!(rank = self.rank, %kind, tensors = slots.len(), "performing");
         let params = ParamsOf(coordinator);

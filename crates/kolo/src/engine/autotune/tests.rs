@@ -5,7 +5,7 @@
 
 use super::search::{median, Candidate, Decision, Grid, Schedule, Tuner};
 use super::shell::{decode, encode};
-use super::windows::Windows;
+use super::windows::{Windows, MAX_STEP_TENSORS};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -233,6 +233,20 @@ fn windows_end_after_whole_steps_however_a_step_splits_into_cycles() {
         }
     }
     assert_eq!(ends, [60, 60]);
+}
+
+#[test]
+fn names_that_never_repeat_still_make_windows_of_bounded_steps() {
+    let mut windows = Windows::new(1);
+    let names: Vec<String> = (0..3 * MAX_STEP_TENSORS)
+        .map(|i| format!("op/{i}"))
+        .collect();
+    let ends: Vec<usize> = names
+        .iter()
+        .enumerate()
+        .filter_map(|(i, name)| windows.cycle([name.as_str()], 1).map(|_| i))
+        .collect();
+    assert_eq!(ends, [MAX_STEP_TENSORS, 2 * MAX_STEP_TENSORS]);
 }
 
 #[test]

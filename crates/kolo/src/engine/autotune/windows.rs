@@ -7,13 +7,19 @@
 use rustc_hash::{FxHashSet, FxHasher};
 use std::hash::{Hash, Hasher};
 
+/// The most tensors one step holds: a job whose names never repeat (a new
+/// name per operation) still forms windows, and the set of names stays
+/// bounded.
+pub(crate) const MAX_STEP_TENSORS: usize = 1 << 16;
+
 /// Counts steps and bytes, and says when a window of whole steps ended.
 ///
 /// A step ends where a tensor comes again: a training step submits each
 /// gradient once, so the first cycle that performs a name already
 /// performed in the current step starts the next step. Windows of whole
 /// steps score alike however a step splits into cycles (a step whose
-/// tensors arrive one per cycle, or all in one).
+/// tensors arrive one per cycle, or all in one). A step also ends once it
+/// has performed [`MAX_STEP_TENSORS`] tensors.
 #[derive(Clone, Debug)]
 pub(crate) struct Windows {
     steps_per_window: usize,
@@ -48,7 +54,8 @@ impl Windows {
     ) -> Option<u64> {
         let hashes: Vec<u64> = names.into_iter().map(hash).collect();
         let mut ended = None;
-        if hashes.iter().any(|h| self.seen.contains(h)) {
+        let full = self.seen.len() >= MAX_STEP_TENSORS;
+        if full || hashes.iter().any(|h| self.seen.contains(h)) {
             self.seen.clear();
             self.steps += 1;
             if self.steps >= self.steps_per_window {

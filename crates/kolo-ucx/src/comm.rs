@@ -2,16 +2,21 @@
 //! endpoint to every peer (their addresses exchanged through
 //! kolo-rendezvous), tagged send and receive (see [`crate::tags`]) for
 //! the data plane, whose collectives are kolo-transport's generic
-//! algorithms, and probed variable-size messages for the control plane.
+//! algorithms (the allreduce optionally hierarchical, see
+//! [`crate::hierarchical`]), and probed variable-size messages for the
+//! control plane.
 
+use crate::hierarchical;
 use crate::result::{self, UcsError};
 use crate::safe::wait::{wait_all, InFlight, Interrupter, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
 use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
+use kolo_protocol::ReduceOp;
 use kolo_rendezvous::{Client, Rendezvous};
+use kolo_transport::algorithms::{self, hierarchical_allreduce, HostLayout};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
-use kolo_transport::{Collectives, Controller, Element, Result, Topology, TransportError};
+use kolo_transport::{Collectives, Controller, Element, Result, Scale, Topology, TransportError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +38,9 @@ pub enum UcxError {
     /// A list of members that cannot make a communicator.
     #[error("members of a UCX communicator: {0}")]
     Members(String),
+    /// A malformed setting in the environment.
+    #[error("{0}")]
+    Setting(String),
 }
 
 impl From<UcxError> for TransportError {
@@ -59,6 +67,10 @@ pub struct UcxComm {
     pub(crate) spin_polls: u32,
     /// Ends this communicator's waits from another thread.
     pub(crate) interrupter: Interrupter,
+    /// The hosts' layout where the allreduce is hierarchical (see
+    /// [`crate::hierarchical`]); shared so that an allreduce can hold it
+    /// while it borrows the communicator.
+    hierarchy: Option<Arc<HostLayout>>,
     pub(crate) worker: Worker,
 }
 
@@ -98,11 +110,15 @@ impl UcxComm {
         let me = rendezvous.rank();
         let position = members.iter().position(|&r| r == me);
         let worker = position.map(|_| Worker::new()).transpose()?;
-        // A member's first rank of its host, then its worker's address.
+        let asks =
+            hierarchical::requested(|name| std::env::var(name).ok()).map_err(UcxError::Setting)?;
+        // A member's first rank of its host, whether it asks for the
+        // hierarchical allreduce, then its worker's address.
         let mine = match &worker {
             Some(worker) => {
                 let host = (me - rendezvous.local_rank()) as u64;
-                [host.to_le_bytes().as_slice(), &worker.address()?].concat()
+                let asks = [u8::from(asks)];
+                [host.to_le_bytes().as_slice(), &asks, &worker.address()?].concat()
             }
             None => Vec::new(),
         };
@@ -112,23 +128,30 @@ impl UcxComm {
             return Ok(None);
         };
         let mut hosts = Vec::with_capacity(members.len());
+        let mut askers = Vec::with_capacity(members.len());
         let mut addresses = Vec::with_capacity(members.len());
         for &member in members {
             let entry = &all[member];
-            let Some((host, address)) = entry.split_first_chunk::<8>() else {
+            let parsed = entry
+                .split_first_chunk::<8>()
+                .and_then(|(host, rest)| Some((host, rest.split_first()?)));
+            let Some((host, (&asks, address))) = parsed else {
                 return Err(UcxError::Members(format!(
                     "rank {member} sent no address (it is not a member on its side: is the list the same on every rank?)"
                 )));
             };
             hosts.push(u64::from_le_bytes(*host));
+            askers.push(asks != 0);
             addresses.push(address.to_vec());
         }
+        let hierarchy = hierarchical::agree(&hosts, &askers, rank)?;
         let mut comm = UcxComm::assemble(
             worker,
             rank,
             &hosts,
             &addresses,
             rendezvous.local_world_size(),
+            hierarchy,
         )?;
         // Wires every endpoint up before anyone leaves the rendezvous.
         comm.control_barrier().map_err(|e| UcsError {
@@ -180,7 +203,9 @@ impl UcxComm {
             addresses.push(address.to_vec());
         }
         let local_world = hosts.iter().filter(|&&h| h == host).count();
-        let mut comm = UcxComm::assemble(worker, rank, &hosts, &addresses, local_world)?;
+        // A set's allreduce stays flat: its members did not agree on a
+        // hierarchy (the world's `KOLO_HIERARCHICAL_ALLREDUCE` is the world's).
+        let mut comm = UcxComm::assemble(worker, rank, &hosts, &addresses, local_world, None)?;
         // Wires every endpoint up; a member's address stays in the store
         // only until all of them connected.
         comm.control_barrier().map_err(|e| UcsError {
@@ -201,6 +226,7 @@ impl UcxComm {
         hosts: &[u64],
         addresses: &[Vec<u8>],
         local_world: usize,
+        hierarchy: Option<Arc<HostLayout>>,
     ) -> std::result::Result<UcxComm, UcxError> {
         let endpoints = connect_all(&worker, addresses)?;
         let peers = endpoints.iter().map(|e| Arc::clone(e.state())).collect();
@@ -215,8 +241,18 @@ impl UcxComm {
             peers,
             spin_polls,
             interrupter: Interrupter::default(),
+            hierarchy,
             worker,
         })
+    }
+
+    /// The hosts' layout where this communicator's allreduce is
+    /// hierarchical (every rank set `KOLO_HIERARCHICAL_ALLREDUCE` and the
+    /// hosts hold equal numbers of ranks, more than one host and more
+    /// than one rank on each), for buffers above kolo-transport's
+    /// `SHORT_ALLREDUCE_BYTES`; `None` where it is flat.
+    pub fn hierarchy(&self) -> Option<&HostLayout> {
+        self.hierarchy.as_deref()
     }
 
     /// Ends this communicator's waits from another thread (see
@@ -430,6 +466,20 @@ impl Topology for UcxComm {
 }
 
 impl Collectives for UcxComm {
+    /// The generic allreduce, or the hierarchical one where this
+    /// communicator agreed on it at connect time and the buffer is large
+    /// enough (see [`crate::hierarchical`]): the same on every rank, as
+    /// they agreed and pass the same length.
+    fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
+        match &self.hierarchy {
+            Some(layout) if std::mem::size_of_val(buf) >= hierarchical::MIN_BYTES => {
+                let layout = Arc::clone(layout);
+                hierarchical_allreduce(self, &layout, buf, op, scale)
+            }
+            _ => algorithms::allreduce(self, buf, op, scale),
+        }
+    }
+
     fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
         self.check_peer(peer)?;
         let t = tags::tag(self.rank, tag, Plane::Data);

@@ -5,6 +5,9 @@
 //! plane as UCX tagged messages (shared memory, TCP or RDMA, whatever
 //! `UCX_TLS` allows) with every collective from kolo-transport's generic
 //! algorithms, and the control plane as probed variable-size messages.
+//! `KOLO_HIERARCHICAL_ALLREDUCE=1` on every rank makes the allreduce of a
+//! job of several hosts hierarchical (Horovod's): reduce-scatter in each
+//! host, allreduce across hosts, allgather in each host.
 //! A peer that dies is an error naming it (UCX's peer error handling), not
 //! a hang.
 //!
@@ -44,6 +47,7 @@
 mod bitwise;
 mod comm;
 mod control;
+mod hierarchical;
 pub mod result;
 pub mod safe;
 pub mod sys;

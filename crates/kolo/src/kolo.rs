@@ -4,6 +4,7 @@
 //! which keeps it free of the backend's type.
 
 use crate::config::Config;
+use crate::engine::autotune::Autotune;
 use crate::engine::completion::Completion;
 use crate::engine::launch::{launch_on_thread, launch_shared, Runtime};
 use crate::engine::placement::DevicePlane;
@@ -228,6 +229,20 @@ impl Kolo {
     /// A snapshot of this rank's engine counters.
     pub fn stats(&self) -> Stats {
         self.runtime.stats()
+    }
+
+    /// Where this rank's autotuner stands ([`Config::autotune`]): the
+    /// fusion threshold and cycle time in effect now, whether they are
+    /// still being tuned or settled, and on rank 0 the score each measured
+    /// setting got. With autotuning off, the configured settings.
+    pub fn autotune(&self) -> Autotune {
+        self.runtime.autotune().unwrap_or_else(|| {
+            Autotune::configured(
+                self.config.fusion_threshold,
+                self.config.cycle_time,
+                self.config.autotune,
+            )
+        })
     }
 
     /// True once the engine stopped (shut down, aborted or failed); every

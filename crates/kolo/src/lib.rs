@@ -69,6 +69,7 @@ pub mod threads;
 mod ucx;
 
 pub use config::{BackendKind, Config, LogLevel};
+pub use engine::autotune::{Autotune, AutotunePhase, Candidate, CandidateScore};
 pub use error::Error;
 pub use group::TensorGroup;
 /// The `half` crate whose `f16` and `bf16` kolo reduces, re-exported so

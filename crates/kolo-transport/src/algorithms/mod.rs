@@ -11,6 +11,7 @@
 //! | allgatherv                | ring, one block per rank (zeros allowed)          | `n - 1`        |
 //! | broadcast                 | binomial tree from any root                       | `ceil(log2 n)` |
 //! | alltoallv                 | pairwise exchange                                 | `n - 1`        |
+//! | hierarchical allreduce    | ring in each host, across hosts, in each host     | `2 (k + h - 2)`|
 //! | barrier                   | dissemination                                     | `ceil(log2 n)` |
 //!
 //! Every algorithm checks its arguments first (count lists of length
@@ -22,21 +23,25 @@
 mod blocks;
 mod dissemination_barrier;
 mod generic;
+mod hierarchical;
 mod pairwise_alltoallv;
 pub mod recursive_doubling;
 mod ring_allgatherv;
 mod ring_allreduce;
 mod ring_reduce_scatter;
 mod scratch;
+mod subset;
 mod tree_broadcast;
 
 pub use dissemination_barrier::dissemination_barrier;
 pub use generic::Generic;
+pub use hierarchical::{hierarchical_allreduce, HostLayout};
 pub use pairwise_alltoallv::pairwise_alltoallv;
 pub use recursive_doubling::recursive_doubling_allreduce;
 pub use ring_allgatherv::ring_allgatherv;
 pub use ring_allreduce::{allreduce, ring_allreduce, SHORT_ALLREDUCE_BYTES};
 pub use ring_reduce_scatter::ring_reduce_scatter;
+pub use subset::Subset;
 pub use tree_broadcast::tree_broadcast;
 
 #[allow(unused_imports)] // The docs above link to these.
@@ -57,3 +62,8 @@ const ALLGATHER_TAG: u32 = RESERVED_TAG_BASE + 3;
 const BROADCAST_TAG: u32 = RESERVED_TAG_BASE + 4;
 const ALLTOALL_TAG: u32 = RESERVED_TAG_BASE + 5;
 const BARRIER_TAG: u32 = RESERVED_TAG_BASE + 6;
+/// All three phases of [`hierarchical_allreduce`]: two ranks meet either
+/// in the cross-host phase alone or in both host phases, in order, so one
+/// tag serves the three; it differs from the flat allreduce's, which a
+/// communicator may interleave with it.
+const HIERARCHICAL_TAG: u32 = RESERVED_TAG_BASE + 7;

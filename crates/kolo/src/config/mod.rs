@@ -46,9 +46,12 @@ pub const GPU: &str = "KOLO_GPU";
 pub const START_TIMEOUT: &str = "KOLO_START_TIMEOUT";
 /// The bound on an operation in seconds: [`Config::timeout`].
 pub const TIMEOUT: &str = "KOLO_TIMEOUT";
+/// Tune the fusion threshold and cycle time by measurement:
+/// [`Config::autotune`].
+pub const AUTOTUNE: &str = "KOLO_AUTOTUNE";
 
 /// Every variable [`Config::from_env`] reads.
-pub const VARIABLES: [&str; 13] = [
+pub const VARIABLES: [&str; 14] = [
     FUSION_THRESHOLD,
     CYCLE_TIME,
     TIMELINE,
@@ -62,6 +65,7 @@ pub const VARIABLES: [&str; 13] = [
     GPU,
     START_TIMEOUT,
     TIMEOUT,
+    AUTOTUNE,
 ];
 
 /// The engine's settings. Build one with the builder methods (each
@@ -133,6 +137,12 @@ pub struct Config {
     /// peer that stopped answering, a lost link) fails on the ranks that
     /// wait for it. Longer than 0 and at most [`MAX_STALL_TIME`].
     pub timeout: Option<Duration>,
+    /// Choose the fusion threshold and cycle time by measurement during
+    /// the first training steps, starting from the two settings above,
+    /// and keep them once they settle (off). Every rank must use the same
+    /// value (the start fails on every rank otherwise). See
+    /// [`crate::Kolo::autotune`] and `docs/configuration.md`.
+    pub autotune: bool,
 }
 
 impl Default for Config {
@@ -151,6 +161,7 @@ impl Default for Config {
             gpu: true,
             start_timeout: Some(Duration::from_secs(300)),
             timeout: Some(Duration::from_secs(300)),
+            autotune: false,
         }
     }
 }
@@ -236,6 +247,9 @@ impl Config {
         }
         if let Some(v) = read(TIMEOUT)? {
             config.timeout = checked(TIMEOUT, &v, parse::seconds_or_never, bounds::stall_time)?;
+        }
+        if let Some(v) = read(AUTOTUNE)? {
+            config.autotune = checked(AUTOTUNE, &v, parse::switch, unbounded)?;
         }
         Ok(config)
     }
@@ -349,6 +363,13 @@ impl Config {
     /// completion ([`Duration::ZERO`]: no bound; see [`Config::timeout`]).
     pub fn timeout(mut self, after: Duration) -> Self {
         self.timeout = (!after.is_zero()).then_some(after);
+        self
+    }
+
+    /// Tunes the fusion threshold and cycle time by measurement (see
+    /// [`Config::autotune`]).
+    pub fn autotune(mut self, tune: bool) -> Self {
+        self.autotune = tune;
         self
     }
 

@@ -55,6 +55,7 @@ fn every_variable_is_read() {
         (GPU, "off"),
         (START_TIMEOUT, "0"),
         (TIMEOUT, "12.5"),
+        (AUTOTUNE, "on"),
     ]);
     let expected = Config::default()
         .fusion_threshold(64 << 20)
@@ -69,8 +70,22 @@ fn every_variable_is_read() {
         .mpi_threads_disable(true)
         .gpu(false)
         .start_timeout(None)
-        .timeout(Duration::from_millis(12_500));
+        .timeout(Duration::from_millis(12_500))
+        .autotune(true);
     assert_eq!(config, Ok(expected));
+}
+
+#[test]
+fn autotune_is_off_unless_asked_for() {
+    assert!(!Config::default().autotune);
+    assert!(Config::default().autotune(true).autotune);
+    for (value, on) in [("1", true), ("true", true), ("0", false), ("off", false)] {
+        assert_eq!(
+            from_map(&[(AUTOTUNE, value)]).unwrap().autotune,
+            on,
+            "{value}"
+        );
+    }
 }
 
 #[test]
@@ -107,6 +122,7 @@ fn a_malformed_value_names_variable_and_value() {
         (BACKEND, "carrier-pigeon"),
         (MPI_THREADS_DISABLE, "2"),
         (GPU, "sometimes"),
+        (AUTOTUNE, "auto"),
     ] {
         let what = format!("{variable}={value}");
         let (v, got, reason) = config_error(from_map(&[(variable, value)]), &what);

@@ -69,6 +69,7 @@ pub(crate) struct Shareable<B, D> {
 /// its [`Core`] while no caller does.
 pub(crate) struct Background<B, D> {
     shared: Arc<Shareable<B, D>>,
+    /// The core's cycle time when last seen (the autotuner may change it).
     cycle_time: Duration,
     /// How long to poll for work before sleeping ([`poll_budget`]).
     poll: Duration,
@@ -125,7 +126,10 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
         loop {
             let wait = match self.shared.core.try_lock() {
                 Some(core) if core.has_work() => Duration::ZERO,
-                Some(core) => self.cycle_time.saturating_sub(core.last_cycle.elapsed()),
+                Some(core) => {
+                    self.cycle_time = core.cycle_time;
+                    self.cycle_time.saturating_sub(core.last_cycle.elapsed())
+                }
                 None => self.cycle_time,
             };
             let (shutdown, abort) = self.collect(wait);
@@ -150,7 +154,7 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
                 };
             }
             core.shutdown_requested |= shutdown;
-            if !(core.has_work() || core.idle_cycle_due(self.cycle_time)) {
+            if !(core.has_work() || core.idle_cycle_due()) {
                 continue;
             }
             match catch_unwind(AssertUnwindSafe(|| core.step())) {

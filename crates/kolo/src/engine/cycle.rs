@@ -6,11 +6,13 @@
 //! whichever holds the lock around the [`Core`].
 
 use crate::config::Config;
+use crate::engine::autotune::shell::Tuning;
 use crate::engine::perform::Performer;
 use crate::engine::placement::PlaneSlot;
 use crate::engine::shared::{fail_all, Shared};
 use crate::error::Error;
 use kolo_coordinator::{Agreement, Coordinator, CoordinatorError, Cycle, CycleOutput, Intake};
+use kolo_fusion::FusionBuffers;
 use kolo_timeline::Timeline;
 use kolo_transport::{Backend, TransportError};
 use std::sync::Arc;
@@ -29,6 +31,11 @@ pub(crate) struct Core<B, D> {
     /// When the last cycle started: an idle rank cycles once per cycle
     /// time, whichever thread ran the cycles before.
     pub(super) last_cycle: Instant,
+    /// How long an idle rank waits before it cycles anyway: the
+    /// configured cycle time, or the autotuner's.
+    pub(super) cycle_time: Duration,
+    /// The autotuner (idle unless every rank asked for it).
+    tuning: Tuning,
     /// Every rank's engine started (see [`agree_start`]),
     /// agreed before the first cycle, by whichever thread runs it.
     agreed: bool,
@@ -37,27 +44,46 @@ pub(crate) struct Core<B, D> {
 /// The first exchange of every rank's engine, before any cycle: every
 /// rank learns whether every other started, so that a rank that cannot
 /// start (`failure`: why) fails every rank's engine, named, instead of
-/// leaving its peers to wait for it. `Ok` when all started.
+/// leaving its peers to wait for it; and whether every rank asked for
+/// autotuning (`autotune`), which takes a broadcast that every rank must
+/// make. When all started: whether they all tune, or an
+/// [`Error::Config`] naming the ranks on each side where they disagree.
+///
+/// Each rank's message is a byte for its autotune setting, then why it
+/// could not start (nothing when it started).
 pub(crate) fn agree_start<B: Backend>(
     backend: &mut B,
     failure: Option<&Error>,
-) -> Result<(), Error> {
-    let mine = failure
-        .map(|e| e.to_string().into_bytes())
-        .unwrap_or_default();
+    autotune: bool,
+) -> Result<bool, Error> {
+    let mut mine = vec![u8::from(autotune)];
+    if let Some(e) = failure {
+        mine.extend(e.to_string().into_bytes());
+    }
     let every = backend
         .allgather_bytes(&mine)
         .map_err(Error::from_transport)?;
-    match every.iter().position(|why| !why.is_empty()) {
-        Some(rank) => Err(Error::RankFailed {
+    if let Some(rank) = every.iter().position(|m| m.len() > 1) {
+        return Err(Error::RankFailed {
             rank,
             message: format!(
                 "it could not start: {}",
-                String::from_utf8_lossy(&every[rank])
+                String::from_utf8_lossy(&every[rank][1..])
             ),
-        }),
-        None => Ok(()),
+        });
     }
+    let (on, off): (Vec<usize>, Vec<usize>) =
+        (0..every.len()).partition(|&r| every[r].first() == Some(&1));
+    if !on.is_empty() && !off.is_empty() {
+        return Err(Error::Config {
+            variable: crate::config::AUTOTUNE.into(),
+            value: format!("on at ranks {on:?}, off at ranks {off:?}"),
+            reason: "every rank must use the same value: the tuned settings \
+                     reach every rank in a broadcast each rank makes"
+                .into(),
+        });
+    }
+    Ok(off.is_empty())
 }
 
 impl<B: Backend, D: PlaneSlot> Core<B, D> {
@@ -70,12 +96,24 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         device: D,
     ) -> Self {
         let (rank, size) = (backend.rank(), backend.size());
+        let tuning = Tuning::new(rank, config);
+        *shared.autotune.lock() = Some(tuning.snapshot());
+        let mut performer =
+            Performer::new(backend, config.fusion_threshold, timeline, shared, device);
+        if config.autotune {
+            // Room for the largest threshold the tuner may try, as for a
+            // configured one.
+            let largest = Tuning::largest_threshold(config);
+            performer.buffers = FusionBuffers::with_budget(largest.saturating_mul(2));
+        }
         Core {
             coordinator: Coordinator::new(rank, size, config.coordinator()),
-            performer: Performer::new(backend, config.fusion_threshold, timeline, shared, device),
+            performer,
             shutdown_requested: false,
             stopped: None,
             last_cycle: Instant::now(),
+            cycle_time: config.cycle_time,
+            tuning,
             agreed: false,
         }
     }
@@ -100,8 +138,8 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
     }
 
     /// True once an idle rank is due to cycle (see [`Core::last_cycle`]).
-    pub(super) fn idle_cycle_due(&self, cycle_time: Duration) -> bool {
-        self.last_cycle.elapsed() >= cycle_time
+    pub(super) fn idle_cycle_due(&self) -> bool {
+        self.last_cycle.elapsed() >= self.cycle_time
     }
 
     /// Runs one cycle: takes the queued submissions, negotiates, and
@@ -110,10 +148,12 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
     /// ([`Core::stop`]).
     pub(crate) fn step(&mut self) -> Result<(), Error> {
         if !self.agreed {
-            agree_start(&mut self.performer.backend, None)?;
+            let tune = agree_start(&mut self.performer.backend, None, self.tuning.wanted())?;
+            self.tuning.begin(tune, Instant::now());
             self.agreed = true;
         }
-        self.last_cycle = Instant::now();
+        let started = Instant::now();
+        self.last_cycle = started;
         let requests = self.take_queued()?;
         let busy = !requests.is_empty();
         let cycle = match self.coordinator.cycle_deferring(
@@ -146,6 +186,31 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
                 by_ranks: output.shutdown_ranks,
             });
         }
+        if self.tuning.running() {
+            self.tune(&output, started)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds the cycle that started at `started` to the autotuner, and
+    /// applies the setting it hands out at a window's end (the same on
+    /// every rank, from the next cycle on).
+    fn tune(&mut self, output: &CycleOutput, started: Instant) -> Result<(), Error> {
+        let cache = self.coordinator.cache();
+        let work = output.responses.iter().map(|a| &*a.response).chain(
+            output
+                .hits
+                .iter()
+                .filter_map(|h| cache.response(h.slot).map(|r| &**r)),
+        );
+        let backend = &mut self.performer.backend;
+        let Some(setting) = self.tuning.after_cycle(backend, work, started)? else {
+            return Ok(());
+        };
+        self.performer
+            .set_fusion_threshold(setting.fusion_threshold);
+        self.cycle_time = setting.cycle_time;
+        *self.performer.shared.autotune.lock() = Some(self.tuning.snapshot());
         Ok(())
     }
 

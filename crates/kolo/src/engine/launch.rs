@@ -5,6 +5,7 @@
 //! it — the tensor table, the command channel and the thread.
 
 use crate::config::Config;
+use crate::engine::autotune::Autotune;
 use crate::engine::background::{Background, Command};
 use crate::engine::completion::Completion;
 use crate::engine::cycle::{agree_start, Core};
@@ -170,7 +171,7 @@ where
                         // The caller learns first; then the peers,
                         // whose first cycle waits for this exchange.
                         let _ = ready_tx.send(Err(e.clone()));
-                        let _ = agree_start(&mut backend, Some(&e));
+                        let _ = agree_start(&mut backend, Some(&e), engine_config.autotune);
                         return Err(None);
                     }
                 };
@@ -293,6 +294,11 @@ impl Runtime {
     /// A snapshot of the engine's counters.
     pub(crate) fn stats(&self) -> Stats {
         self.shared.stats.lock().clone()
+    }
+
+    /// The autotuner's state, once the engine published it.
+    pub(crate) fn autotune(&self) -> Option<Autotune> {
+        self.shared.autotune.lock().clone()
     }
 
     /// True once the engine stopped (shut down, aborted or failed).

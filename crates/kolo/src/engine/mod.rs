@@ -13,7 +13,10 @@
 //! ([`progress`]). Scopes lend the caller's memory under a [`lease`].
 //! A [`watchdog`] bounds each operation's time and spreads a fault to
 //! every rank it can reach, with each rank's [`desync`] standing.
+//! With [`autotune`] on, the cycle also tunes the fusion threshold and
+//! cycle time during the first steps.
 
+pub(crate) mod autotune;
 pub(crate) mod background;
 pub(crate) mod batches;
 pub(crate) mod completion;

@@ -1,6 +1,7 @@
 //! What the user's threads and the engine's share: the tensor table and
 //! the counters.
 
+use crate::engine::autotune::Autotune;
 use crate::engine::desync::Standing;
 use crate::engine::table::Table;
 use crate::error::Error;
@@ -19,6 +20,9 @@ pub(crate) struct Shared {
     /// Where this rank stood when its engine stopped for a failure (see
     /// [`crate::engine::desync`]), taken before its handles were failed.
     pub final_standing: Mutex<Option<Standing>>,
+    /// The autotuner's state, published by the engine (`None` before it
+    /// starts).
+    pub autotune: Mutex<Option<Autotune>>,
 }
 
 /// Closes the table with `reason` and fails every submission still queued.

@@ -132,6 +132,16 @@ impl<B: Backend, D: PlaneSlot> Performer<B, D> {
         }
     }
 
+    /// Fuses up to `bytes` from the next cycle on (the autotuner's
+    /// setting; every rank changes it at the same cycle). The memoized plan
+    /// was made with the old threshold: it goes.
+    pub(crate) fn set_fusion_threshold(&mut self, bytes: usize) {
+        if bytes != self.fusion_threshold {
+            self.fusion_threshold = bytes;
+            self.plan = PlanMemo::default();
+        }
+    }
+
     /// Holds the submissions taken from the table and returns their
     /// requests, in order.
     pub(super) fn hold(&mut self, taken: Taken) -> Intake {

@@ -16,21 +16,24 @@
 //!   keeps its buffer while they fit together. One request larger than
 //!   the whole budget is still served: its slot is then the only one.
 //! - **Trim.** Every [`TRIM_WINDOW`] requests, a slot holding more than
-//!   [`TRIM_FACTOR`] times the largest request it served in that window is
+//!   one and a half times the largest request it served in that window is
 //!   freed (one not used at all, always), so that a rare large or
-//!   rarely used buffer does not stay for the life of the process. A
-//!   training step that repeats its requests serves each slot at its full
-//!   size every window, and keeps it.
+//!   rarely used buffer does not stay for the life of the process: what
+//!   the slots hold follows the last window's largest requests, not the
+//!   largest ever (a soak of random sizes otherwise climbed in steps,
+//!   each rare large request raising a slot that later, smaller ones kept
+//!   alive). A training step that repeats its requests serves each slot
+//!   at its full size every window, and keeps it; a slot trimmed comes
+//!   back at the size next asked, at most one allocation per window.
 
 /// Requests (to all slots together) per trim window. Long enough that a
 /// training step's fused operations, even many of them, fall into every
 /// window.
 pub(crate) const TRIM_WINDOW: u64 = 64;
 
-/// A slot is trimmed when it holds more than this many times what its
-/// window asked of it: a buffer that grows by half as much again is
-/// reused, not replaced, only while use stays within this factor.
-pub(crate) const TRIM_FACTOR: usize = 4;
+/// A slot is trimmed when it holds more than this many halves of what its
+/// window asked of it (one and a half times).
+pub(crate) const TRIM_HALVES: usize = 3;
 
 /// What serves a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +61,8 @@ struct Held<K> {
 pub(crate) struct Retention<K> {
     budget: usize,
     window: u64,
-    factor: usize,
+    /// The trim bound, in halves of a window's largest request.
+    halves: usize,
     /// Requests so far.
     clock: u64,
     /// The clock when the current window began.
@@ -72,16 +76,16 @@ impl<K: Copy + Eq> Retention<K> {
     /// A ledger keeping at most `budget` bytes (but always the slot last
     /// requested), trimmed every [`TRIM_WINDOW`] requests.
     pub(crate) fn new(budget: usize) -> Self {
-        Self::with_trim(budget, TRIM_WINDOW, TRIM_FACTOR)
+        Self::with_trim(budget, TRIM_WINDOW, TRIM_HALVES)
     }
 
     /// A ledger with its own trim window (in requests, at least 1) and
-    /// factor.
-    pub(crate) fn with_trim(budget: usize, window: u64, factor: usize) -> Self {
+    /// bound (in halves of a window's largest request).
+    pub(crate) fn with_trim(budget: usize, window: u64, halves: usize) -> Self {
         Retention {
             budget,
             window: window.max(1),
-            factor,
+            halves,
             clock: 0,
             window_start: 0,
             held: Vec::new(),
@@ -167,7 +171,7 @@ impl<K: Copy + Eq> Retention<K> {
         (Serve::Allocate, freed)
     }
 
-    /// Trims the slots that held more than `factor` times what the window
+    /// Trims the slots that held more than `halves` halves of what the window
     /// now closing asked of them, and opens the next. The slot requested
     /// now counts this request too: it is not replaced by one of nearly
     /// the same size.
@@ -181,7 +185,7 @@ impl<K: Copy + Eq> Retention<K> {
             } else {
                 held.peak
             };
-            if held.bytes > asked.saturating_mul(self.factor) {
+            if held.bytes.saturating_mul(2) > asked.saturating_mul(self.halves) {
                 self.remove_at(index, freed);
             } else {
                 held.peak = 0;
@@ -295,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_slot_unused_or_much_larger_than_its_use_for_a_window_is_trimmed() {
-        let mut ledger = Retention::with_trim(1000, 4, 4);
+        let mut ledger = Retention::with_trim(1000, 4, 8);
         // Requests 1 to 4: slot 1 serves 400 bytes once, then 50.
         serve(&mut ledger, 1, 400);
         serve(&mut ledger, 2, 10);
@@ -320,7 +324,7 @@ mod tests {
 
     #[test]
     fn the_slot_requested_as_a_window_closes_is_kept_when_it_fits_this_request() {
-        let mut ledger = Retention::with_trim(1000, 2, 4);
+        let mut ledger = Retention::with_trim(1000, 2, 8);
         serve(&mut ledger, 1, 400);
         for _ in 0..3 {
             serve(&mut ledger, 2, 10);
@@ -329,6 +333,28 @@ mod tests {
         // its 400 bytes: within the factor, so it is reused.
         assert_eq!(ledger.request(1, 300, true), (Serve::Reuse, vec![]));
         assert_eq!(ledger.total(), 410);
+    }
+
+    #[test]
+    fn a_rare_large_request_is_not_kept_alive_by_smaller_ones() {
+        let mut ledger = Retention::new(1 << 30);
+        for _ in 0..TRIM_WINDOW {
+            serve(&mut ledger, 1, 4 << 20);
+        }
+        // Once, four times as much; then the usual size again, which
+        // four-fold slack would have let keep the large buffer forever.
+        serve(&mut ledger, 1, 16 << 20);
+        for _ in 0..2 * TRIM_WINDOW {
+            serve(&mut ledger, 1, 4 << 20);
+        }
+        assert_eq!(ledger.total(), 4 << 20);
+        // Requests that vary within the bound keep their slot.
+        serve(&mut ledger, 1, 6 << 20);
+        for i in 0..4 * TRIM_WINDOW as usize {
+            let need = if i % 2 == 0 { 4 << 20 } else { 5 << 20 };
+            assert_eq!(ledger.request(1, need, true).0, Serve::Reuse);
+        }
+        assert_eq!(ledger.total(), 6 << 20);
     }
 
     #[derive(Clone, Debug)]
@@ -364,10 +390,10 @@ mod tests {
         fn the_requested_slot_is_served_and_the_total_stays_within_the_budget(
             budget in prop_oneof![Just(0usize), 0usize..256, 0usize..8192],
             window in 1u64..20,
-            factor in 1usize..6,
+            halves in 2usize..12,
             steps in prop::collection::vec(step(), 1..200),
         ) {
-            let mut ledger = Retention::with_trim(budget, window, factor);
+            let mut ledger = Retention::with_trim(budget, window, halves);
             let mut shell: Vec<(u8, usize)> = Vec::new();
             for s in steps {
                 let fits = !s.other_type && ledger.bytes(s.key).is_some_and(|b| b >= s.need);

@@ -87,14 +87,12 @@ pub fn disjoint_and_overlapping(kolo: &Kolo) -> Result<Digest, Error> {
             let world = w.allreduce_async("sets/x", &mut in_world, ReduceOp::Sum)?;
             parity_set.scope(|p| {
                 let parity = p.allreduce_async("sets/x", &mut in_parity, ReduceOp::Sum)?;
-                let head = match &head_set {
-                    Some(set) => Some(set.allreduce("sets/x", &mut in_head, ReduceOp::Sum)),
-                    None => None,
-                };
-                let ends = match &ends_set {
-                    Some(set) => Some(set.allreduce("sets/x", &mut in_ends, ReduceOp::Sum)),
-                    None => None,
-                };
+                let head = head_set
+                    .as_ref()
+                    .map(|set| set.allreduce("sets/x", &mut in_head, ReduceOp::Sum));
+                let ends = ends_set
+                    .as_ref()
+                    .map(|set| set.allreduce("sets/x", &mut in_ends, ReduceOp::Sum));
                 parity.wait()?;
                 head.transpose()?;
                 ends.transpose()?;

@@ -14,7 +14,7 @@
 //!   tensors one cycle agreed are grouped into collectives, the cycle time
 //!   only on how often an *idle* rank cycles (a rank with work cycles at
 //!   once). Their effects are close to separable, and for a separable
-//!   score one pass per axis finds the grid's best (tested);
+//!   score one sweep per axis finds the grid's best (tested);
 //! - it costs `thresholds + cycle_times + 1` candidates rather than their
 //!   product, and the number of windows before it settles is known in
 //!   advance ([`Tuner::bound`]), which a Gaussian process's stopping rule

@@ -6,7 +6,7 @@
 use crate::element::Element;
 use crate::error::Result;
 use crate::memory::Memory;
-use crate::traits::{BitOp, Collectives, Controller, MemoryKind, Scale, Topology};
+use crate::traits::{BitOp, Collectives, Controller, Lane, MemoryKind, Scale, Topology};
 use crate::transaction::Transaction;
 use kolo_protocol::ReduceOp;
 
@@ -64,6 +64,9 @@ impl<M: Memory, C: Collectives<M>> Collectives<M> for &mut C {
         tag: u32,
     ) -> Result<()> {
         (**self).sendrecv(send, dst, recv, src, tag)
+    }
+    fn sendrecv_lanes<T: Element>(&mut self, lanes: &mut [Lane<'_, T, M>]) -> Result<()> {
+        (**self).sendrecv_lanes(lanes)
     }
     fn allreduce<T: Element>(
         &mut self,

@@ -90,7 +90,7 @@ pub use algorithms::{Generic, BACKEND_TAG_BASE, RESERVED_TAG_BASE};
 pub use element::Element;
 pub use error::{Result, TransportError};
 pub use memory::{Host, Memory};
-pub use traits::{Backend, BitOp, Collectives, Controller, MemoryKind, Scale, Topology};
+pub use traits::{Backend, BitOp, Collectives, Controller, Lane, MemoryKind, Scale, Topology};
 pub use transaction::{Transaction, TxOp};
 
 /// Paths used by [`with_element_type!`]; not part of the API.

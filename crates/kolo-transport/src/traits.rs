@@ -66,6 +66,22 @@ impl Default for Scale {
     }
 }
 
+/// One exchange of [`Collectives::sendrecv_lanes`]: `send` goes to `dst`
+/// and `recv` is filled from `src`, both with `tag`.
+#[derive(Debug)]
+pub struct Lane<'a, T: Element, M: Memory = Host> {
+    /// What this rank sends.
+    pub send: M::Ref<'a, T>,
+    /// The rank it goes to.
+    pub dst: usize,
+    /// Where the message from `src` goes (its length is the message's).
+    pub recv: M::Mut<'a, T>,
+    /// The rank it comes from.
+    pub src: usize,
+    /// The tag of both messages.
+    pub tag: u32,
+}
+
 /// Where this rank stands in its communicator; shared by both planes.
 pub trait Topology {
     /// This rank, in `0..size()`.
@@ -151,6 +167,22 @@ pub trait Collectives<M: Memory = Host>: Topology {
     ) -> Result<()> {
         self.send(send, dst, tag)?;
         self.recv(recv, src, tag)
+    }
+
+    /// Several [`Collectives::sendrecv`] exchanges at once, for algorithms
+    /// that keep more than one ring busy (the hierarchical allreduce's
+    /// pipeline: a host's ring beside the ring across hosts). Every rank
+    /// passes its lanes in the same order of exchanges; two lanes between
+    /// one pair with one tag are matched in that order. The default runs
+    /// the lanes one after the other, which cannot deadlock where each
+    /// lane is an exchange every rank makes at the same position;
+    /// backends that can keep several messages in flight override it.
+    fn sendrecv_lanes<T: Element>(&mut self, lanes: &mut [Lane<'_, T, M>]) -> Result<()> {
+        for lane in lanes.iter_mut() {
+            let recv = M::reborrow(&mut lane.recv);
+            self.sendrecv(lane.send, lane.dst, recv, lane.src, lane.tag)?;
+        }
+        Ok(())
     }
 
     /// In place: `buf = postscale * op_r(prescale * buf_r)`. `Average`

@@ -201,6 +201,20 @@ fn every_layout_length_and_op_matches_a_sequential_reduction() {
 }
 
 #[test]
+fn long_buffers_go_through_the_pipeline_in_chunks() {
+    // 3, 6 and (at most) 16 chunks of about 1 MiB.
+    for hosts in [
+        &[0, 0, 1, 1][..],
+        &[0, 0, 0, 1, 1, 1],
+        &[0, 1, 0, 1, 0, 1, 0, 1],
+    ] {
+        check::<f32>(hosts, 800_001, ReduceOp::Average, Scale::NONE);
+        check::<i64>(hosts, 800_001, ReduceOp::Sum, Scale::NONE);
+    }
+    check::<i64>(&[0, 0, 1, 1], 2_500_003, ReduceOp::Sum, Scale::NONE);
+}
+
+#[test]
 fn only_the_shares_cross_hosts() {
     let hosts = [0, 0, 1, 1];
     let len = 1 << 16;

@@ -16,7 +16,9 @@ use kolo_protocol::ReduceOp;
 use kolo_rendezvous::{Client, Rendezvous};
 use kolo_transport::algorithms::{self, hierarchical_allreduce, HostLayout};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
-use kolo_transport::{Collectives, Controller, Element, Result, Scale, Topology, TransportError};
+use kolo_transport::{
+    Collectives, Controller, Element, Lane, Result, Scale, Topology, TransportError,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -432,7 +434,7 @@ fn check_members(members: &[usize], world: usize) -> std::result::Result<(), Ucx
 }
 
 /// Fails unless a receive of `want` bytes got exactly that many.
-fn check_length(got: Option<usize>, want: usize, peer: usize, what: &str) -> Result<()> {
+pub(crate) fn check_length(got: Option<usize>, want: usize, peer: usize, what: &str) -> Result<()> {
     match got {
         Some(got) if got == want => Ok(()),
         Some(got) => Err(TransportError::InvalidArgument(format!(
@@ -468,7 +470,7 @@ impl Topology for UcxComm {
 impl Collectives for UcxComm {
     /// The generic allreduce, or the hierarchical one where this
     /// communicator agreed on it at connect time and the buffer is large
-    /// enough (see [`crate::hierarchical`]): the same on every rank, as
+    /// enough (`KOLO_HIERARCHICAL_ALLREDUCE`): the same on every rank, as
     /// they agreed and pass the same length.
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
         match &self.hierarchy {
@@ -498,6 +500,12 @@ impl Collectives for UcxComm {
                 copy_from_bytes(buf, &staged)
             }
         }
+    }
+
+    /// Every lane's receive and send in flight at once, then one wait
+    /// for them all.
+    fn sendrecv_lanes<T: Element>(&mut self, lanes: &mut [Lane<'_, T>]) -> Result<()> {
+        self.exchange_lanes(lanes)
     }
 
     fn sendrecv<T: Element>(

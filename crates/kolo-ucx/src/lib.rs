@@ -48,6 +48,7 @@ mod bitwise;
 mod comm;
 mod control;
 mod hierarchical;
+mod lanes;
 pub mod result;
 pub mod safe;
 pub mod sys;

@@ -11,20 +11,31 @@
 //! the bottleneck. The price is latency: three phases of `2 (k - 1) +
 //! 2 (h - 1)` messages in all.
 //!
+//! Run one after the other, the phases would leave the link idle while
+//! the hosts' rings work, and the flat ring, whose every step moves data
+//! over the link and inside the hosts at once, would keep up (it did, on
+//! 4 ranks sharing 2 busy cores behind a 1 Gbit/s link). So the buffer
+//! goes in chunks of about 1 MiB through a software pipeline: at each
+//! tick every chunk in flight takes its next ring step, and the tick's
+//! exchanges go out together ([`Collectives::sendrecv_lanes`]), one
+//! chunk's across hosts beside the others' inside them. A backend without
+//! its own `sendrecv_lanes` runs them in turn: the same results, without
+//! the overlap.
+//!
 //! The phases line up only where every host has the same number of ranks:
 //! on uneven hosts, and where it would change nothing (one host, or one
 //! rank per host), [`hierarchical_allreduce`] runs the flat generic
 //! [`super::allreduce`] instead (see [`HostLayout::is_hierarchical`]).
 
-use super::blocks::Blocks;
-use super::ring_allgatherv::allgather_in_place;
-use super::ring_reduce_scatter::reduce_scatter_in_place;
-use super::subset::Subset;
+use super::blocks::{split_send_recv, Blocks};
+use super::ring_allgatherv::allgather_step;
+use super::ring_reduce_scatter::reduce_scatter_step;
 use super::HIERARCHICAL_TAG;
 use crate::element::Element;
 use crate::error::{Result, TransportError};
-use crate::traits::{Collectives, Scale};
+use crate::traits::{Collectives, Lane, Scale};
 use kolo_protocol::ReduceOp;
+use std::ops::Range;
 
 /// Which ranks share a host, seen from one rank: its host's ranks and the
 /// ranks at its local index on every host. Every rank builds it from the
@@ -124,7 +135,7 @@ impl HostLayout {
 
 /// In place, as [`super::allreduce`]: `buf = postscale' * op_r(prescale *
 /// buf_r)` with `postscale'` of [`Scale::postscale_for`] over all ranks,
-/// through the three phases of the module docs where `layout`
+/// through the pipelined phases of the module docs where `layout`
 /// [is hierarchical](HostLayout::is_hierarchical), else flat. Every rank
 /// passes the same length and a layout built from the same host keys;
 /// a layout of another size or rank than `comm` is an `InvalidArgument`.
@@ -153,30 +164,172 @@ pub fn hierarchical_allreduce<C: Collectives + ?Sized, T: Element>(
     if !layout.is_hierarchical() {
         return super::allreduce(comm, buf, op, scale);
     }
-    let n = comm.size();
     T::scale(buf, scale.prescale);
-    let shares = Blocks::even(buf.len(), layout.local.len());
-    // Each phase's view lives only as long as the phase: the next one
-    // borrows `comm` anew.
-    let mut local = Subset::new(&mut *comm, &layout.local, &layout.hosts)?;
-    reduce_scatter_in_place(&mut local, buf, &shares, op, HIERARCHICAL_TAG)?;
-    let share = &mut buf[shares.range(layout.local_index)];
-    let mut cross = Subset::new(&mut *comm, &layout.cross, &layout.hosts)?;
-    let pieces = Blocks::even(share.len(), layout.cross.len());
-    reduce_scatter_in_place(&mut cross, share, &pieces, op, HIERARCHICAL_TAG)?;
-    T::scale(
-        &mut share[pieces.range(layout.cross_index)],
-        scale.postscale_for(op, n),
-    );
-    allgather_in_place(&mut cross, share, &pieces, HIERARCHICAL_TAG)?;
-    let mut local = Subset::new(comm, &layout.local, &layout.hosts)?;
-    allgather_in_place(&mut local, buf, &shares, HIERARCHICAL_TAG)
+    pipeline(comm, layout, buf, op, scale.postscale_for(op, comm.size()))
+}
+
+/// A chunk of the pipeline is about this many bytes, so that a buffer of
+/// several MiB keeps both rings busy at once: the host's rings on one
+/// chunk while the link carries another.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// At most this many chunks: every tick of the pipeline waits for all of
+/// its exchanges, and each tick past the fill costs its latency.
+const MAX_CHUNKS: usize = 16;
+
+/// Where a chunk stands among its `2 (k - 1) + 2 (h - 1)` ring steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    LocalReduceScatter(usize),
+    CrossReduceScatter(usize),
+    CrossAllgather(usize),
+    LocalAllgather(usize),
+}
+
+/// The stage of step `step` with `k` ranks per host and `h` hosts.
+fn stage(step: usize, k: usize, h: usize) -> Stage {
+    let (local, cross) = (k - 1, h - 1);
+    if step < local {
+        Stage::LocalReduceScatter(step)
+    } else if step < local + cross {
+        Stage::CrossReduceScatter(step - local)
+    } else if step < local + 2 * cross {
+        Stage::CrossAllgather(step - local - cross)
+    } else {
+        Stage::LocalAllgather(step - local - 2 * cross)
+    }
+}
+
+/// The three phases over chunks of `buf` (already prescaled), as a
+/// software pipeline: chunk `c` takes its step `t - c` at tick `t`, and all
+/// the exchanges of a tick go out together through
+/// [`Collectives::sendrecv_lanes`], so that a chunk's exchanges across
+/// hosts travel while other chunks' move inside the hosts. The reduced
+/// piece of each chunk is scaled by `postscale` once, by its owner,
+/// before it is gathered.
+fn pipeline<C: Collectives + ?Sized, T: Element>(
+    comm: &mut C,
+    layout: &HostLayout,
+    buf: &mut [T],
+    op: ReduceOp,
+    postscale: f64,
+) -> Result<()> {
+    let (k, h) = (layout.local.len(), layout.cross.len());
+    let (li, ci) = (layout.local_index, layout.cross_index);
+    let steps = 2 * (k - 1) + 2 * (h - 1);
+    let count = (std::mem::size_of_val(buf) / CHUNK_BYTES).clamp(1, MAX_CHUNKS);
+    let bounds = Blocks::even(buf.len(), count);
+    let mut chunks: Vec<&mut [T]> = Vec::with_capacity(count);
+    let mut rest = buf;
+    for c in 0..count {
+        let (chunk, tail) = rest.split_at_mut(bounds.range(c).len());
+        chunks.push(chunk);
+        rest = tail;
+    }
+    let shares: Vec<Blocks> = chunks.iter().map(|c| Blocks::even(c.len(), k)).collect();
+    let pieces: Vec<Blocks> = shares
+        .iter()
+        .map(|s| Blocks::even(s.range(li).len(), h))
+        .collect();
+    // A piece of chunk `c`'s share, as a range of the chunk.
+    let in_share = |c: usize, piece: usize| {
+        let (start, r) = (shares[c].range(li).start, pieces[c].range(piece));
+        start + r.start..start + r.end
+    };
+    let mut incoming: Vec<Vec<T>> = vec![Vec::new(); count];
+    let local = (layout.local[(li + 1) % k], layout.local[(li + k - 1) % k]);
+    let cross = (layout.cross[(ci + 1) % h], layout.cross[(ci + h - 1) % h]);
+    for tick in 0..count + steps - 1 {
+        let first = (tick + 1).saturating_sub(steps);
+        let last = tick.min(count - 1);
+        // Received blocks to fold in once the tick's exchanges are done.
+        let mut folds: Vec<(usize, Range<usize>)> = Vec::new();
+        let mut lanes: Vec<Lane<'_, T>> = Vec::with_capacity(last + 1 - first);
+        let active = chunks.iter_mut().zip(incoming.iter_mut()).enumerate();
+        for (c, (chunk, scratch)) in active.skip(first).take(last + 1 - first) {
+            let (send, into, (dst, src)) = match stage(tick - c, k, h) {
+                Stage::LocalReduceScatter(s) => {
+                    let (out, into) = reduce_scatter_step(li, s, k);
+                    (shares[c].range(out), shares[c].range(into), local)
+                }
+                Stage::CrossReduceScatter(s) => {
+                    let (out, into) = reduce_scatter_step(ci, s, h);
+                    (in_share(c, out), in_share(c, into), cross)
+                }
+                Stage::CrossAllgather(s) => {
+                    let (out, into) = allgather_step(ci, s, h);
+                    (in_share(c, out), in_share(c, into), cross)
+                }
+                Stage::LocalAllgather(s) => {
+                    let (out, into) = allgather_step(li, s, k);
+                    (shares[c].range(out), shares[c].range(into), local)
+                }
+            };
+            let tag = HIERARCHICAL_TAG;
+            let reduces = matches!(
+                stage(tick - c, k, h),
+                Stage::LocalReduceScatter(_) | Stage::CrossReduceScatter(_)
+            );
+            if reduces {
+                scratch.resize(scratch.len().max(into.len()), T::default());
+                let recv = &mut scratch[..into.len()];
+                folds.push((c, into));
+                let send = &chunk[send];
+                lanes.push(Lane {
+                    send,
+                    dst,
+                    recv,
+                    src,
+                    tag,
+                });
+            } else {
+                let (send, recv) = split_send_recv(chunk, send, into);
+                lanes.push(Lane {
+                    send,
+                    dst,
+                    recv,
+                    src,
+                    tag,
+                });
+            }
+        }
+        comm.sendrecv_lanes(&mut lanes)?;
+        drop(lanes);
+        for (c, into) in folds {
+            let len = into.len();
+            T::reduce_into(&mut chunks[c][into], &incoming[c][..len], op);
+        }
+        // A chunk whose last reduce-scatter step across hosts was this
+        // tick's holds its piece reduced over every rank.
+        let reduced = (first..=last).find(|&c| tick - c == k + h - 3);
+        if let Some(c) = reduced {
+            T::scale(&mut chunks[c][in_share(c, ci)], postscale);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_stages_follow_one_another() {
+        // 3 ranks per host, 2 hosts: 2 (3 - 1) + 2 (2 - 1) steps.
+        let stages: Vec<Stage> = (0..6).map(|step| stage(step, 3, 2)).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::LocalReduceScatter(0),
+                Stage::LocalReduceScatter(1),
+                Stage::CrossReduceScatter(0),
+                Stage::CrossAllgather(0),
+                Stage::LocalAllgather(0),
+                Stage::LocalAllgather(1),
+            ]
+        );
+    }
 
     #[test]
     fn two_hosts_of_two() {

@@ -4,7 +4,7 @@
 use super::blocks::check_rank;
 use crate::element::Element;
 use crate::error::{Result, TransportError};
-use crate::traits::{Collectives, MemoryKind, Topology};
+use crate::traits::{Collectives, Lane, MemoryKind, Topology};
 
 /// The ranks `members` of `comm` as a communicator: rank `i` of the view
 /// is rank `members[i]` of `comm`, and `send` / `recv` / `sendrecv` to a
@@ -112,5 +112,18 @@ impl<C: Collectives + ?Sized> Collectives for Subset<'_, C> {
     ) -> Result<()> {
         let (dst, src) = (self.parent(dst)?, self.parent(src)?);
         self.comm.sendrecv(send, dst, recv, src, tag)
+    }
+    fn sendrecv_lanes<T: Element>(&mut self, lanes: &mut [Lane<'_, T>]) -> Result<()> {
+        let mut parents = Vec::with_capacity(lanes.len());
+        for lane in lanes.iter_mut() {
+            parents.push(Lane {
+                send: lane.send,
+                dst: self.parent(lane.dst)?,
+                recv: &mut *lane.recv,
+                src: self.parent(lane.src)?,
+                tag: lane.tag,
+            });
+        }
+        self.comm.sendrecv_lanes(&mut parents)
     }
 }

@@ -35,13 +35,18 @@ pub enum AutotunePhase {
     Settled,
 }
 
-/// The median score of one candidate, as rank 0's tuner measured it.
+/// The scores of one candidate, as rank 0's tuner measured it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CandidateScore {
     /// The setting measured.
     pub candidate: Candidate,
     /// The median of its windows' bytes performed per second.
     pub bytes_per_second: f64,
+    /// The median of its windows' scores divided by the configured
+    /// setting's in the same pass over the candidates (1 for the
+    /// configured setting): what the tuner compares, and keeps the
+    /// highest of.
+    pub relative: f64,
 }
 
 /// A snapshot of this rank's autotuner ([`crate::Kolo::autotune`]).
@@ -86,11 +91,11 @@ impl Autotune {
         }
     }
 
-    /// The score rank 0 measured for `candidate`, if it measured it.
-    pub fn score_of(&self, candidate: Candidate) -> Option<f64> {
+    /// The scores rank 0 measured for `candidate`, if it measured it.
+    pub fn score_of(&self, candidate: Candidate) -> Option<CandidateScore> {
         self.scores
             .iter()
             .find(|s| s.candidate == candidate)
-            .map(|s| s.bytes_per_second)
+            .copied()
     }
 }

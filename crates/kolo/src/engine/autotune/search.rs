@@ -2,7 +2,7 @@
 //! scores of the windows measured so far. Pure: it is fed one score per
 //! window and never reads a clock.
 //!
-//! # Why a coordinate search over a small grid
+//! # Why a coordinate search over a small grid, in interleaved passes
 //!
 //! Horovod scores throughput over sample windows (warm-up windows
 //! discarded) and proposes the next setting by Bayesian optimisation over
@@ -14,16 +14,26 @@
 //!   tensors one cycle agreed are grouped into collectives, the cycle time
 //!   only on how often an *idle* rank cycles (a rank with work cycles at
 //!   once). Their effects are close to separable, and for a separable
-//!   score one pass per axis finds the grid's best (tested);
-//! - it costs `thresholds + cycle_times - 1` candidates rather than their
+//!   score one sweep per axis finds the grid's best (tested);
+//! - it costs `thresholds + cycle_times + 1` candidates rather than their
 //!   product, and the number of windows before it settles is known in
 //!   advance ([`Tuner::bound`]), which a Gaussian process's stopping rule
 //!   is not;
-//! - a median of a few windows shrugs off the odd slow window (a page
-//!   fault, a descheduled thread) that a single sample, or a model fitted
-//!   to every sample, would chase;
-//! - the configured setting is measured first and wins ties, so the
-//!   setting it settles on scored at least as well as the configured one.
+//! - the candidates of an axis are measured in passes, one scored window
+//!   each per pass (after a discarded one, since a window's first cycle
+//!   still ran with the last setting), the configured setting first in
+//!   every pass, as kolo's benchmarks alternate their variants; a
+//!   candidate's score in a pass is relative to the configured setting's
+//!   in the same pass. A machine whose load drifts (other jobs, a busy
+//!   neighbour) then slows the candidates and their reference alike
+//!   instead of favouring whichever ran while it was quiet, and scores
+//!   from the two axes compare;
+//! - the median of a candidate's passes shrugs off the odd slow window (a
+//!   page fault, a descheduled thread) that a single sample, or a model
+//!   fitted to every sample, would chase;
+//! - the configured setting scores 1 in every pass and wins ties, and the
+//!   setting kept is the best median of all measured: it scored at least
+//!   as well as the configured one.
 
 use std::time::Duration;
 
@@ -50,7 +60,7 @@ const THRESHOLDS: [usize; 5] = [0, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
 
 /// The cycle times of [`Grid::around`], besides the configured one, in
 /// microseconds.
-const CYCLE_TIMES_US: [u64; 3] = [250, 2_500, 10_000];
+const CYCLE_TIMES_US: [u64; 2] = [250, 5_000];
 
 impl Grid {
     /// A grid of the given values; `start`'s values are added if missing.
@@ -75,7 +85,7 @@ impl Grid {
     }
 
     /// kolo's grid around the configured `start`: thresholds of none, 1, 4,
-    /// 16 and 64 MiB, cycle times of 0.25, 2.5 and 10 ms, and `start`'s.
+    /// 16 and 64 MiB, cycle times of 0.25 and 5 ms, and `start`'s.
     pub(crate) fn around(start: Candidate) -> Grid {
         Grid::new(THRESHOLDS, CYCLE_TIMES_US.map(Duration::from_micros), start)
     }
@@ -102,16 +112,19 @@ impl Grid {
 /// How many windows each candidate gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Schedule {
-    /// Windows discarded after a change (the first cycle of a window still
-    /// ran with the last candidate; a new threshold's buffers and plans are
-    /// being made).
+    /// Windows discarded before each scored one (a window's first cycle
+    /// still ran with the last candidate; a new threshold's buffers and
+    /// plans are being made).
     pub warmup: usize,
-    /// Windows scored; the candidate's score is their median.
+    /// Passes over an axis: scored windows per candidate (the start and the
+    /// best threshold, measured on both axes, get as many again). A
+    /// candidate's score is the median of its windows, each relative to
+    /// the start's in the same pass.
     pub samples: usize,
 }
 
 impl Default for Schedule {
-    /// One warm-up window and the median of three.
+    /// One warm-up window before each scored one, three passes.
     fn default() -> Self {
         Schedule {
             warmup: 1,
@@ -121,9 +134,14 @@ impl Default for Schedule {
 }
 
 impl Schedule {
-    /// Windows per candidate (at least one scored).
+    /// Windows per candidate and pass.
     fn windows(self) -> usize {
-        self.warmup + self.samples.max(1)
+        self.warmup + 1
+    }
+
+    /// Passes (at least one).
+    fn passes(self) -> usize {
+        self.samples.max(1)
     }
 }
 
@@ -145,24 +163,48 @@ impl Decision {
     }
 }
 
+/// One candidate's measurements.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Measured {
+    /// The setting.
+    pub candidate: Candidate,
+    /// Its scored windows, as fed.
+    pub raw: Vec<f64>,
+    /// Each divided by the configured setting's in the same pass.
+    pub relative: Vec<f64>,
+}
+
+impl Measured {
+    /// The median of the raw scores.
+    pub(crate) fn raw_median(&self) -> f64 {
+        median(&mut self.raw.clone())
+    }
+
+    /// The median of the relative scores: what the search compares.
+    pub(crate) fn relative_median(&self) -> f64 {
+        median(&mut self.relative.clone())
+    }
+}
+
 /// The coordinate search over a [`Grid`] (see the module doc).
 #[derive(Clone, Debug)]
 pub(crate) struct Tuner {
     grid: Grid,
     schedule: Schedule,
     start: Candidate,
-    /// Candidates still to measure on the current axis, next last.
-    queue: Vec<Candidate>,
-    /// Whether the cycle-time axis has been queued.
+    /// The candidates of the current axis, the start first.
+    axis: Vec<Candidate>,
+    /// Whether the current axis is the second (cycle times).
     second_axis: bool,
-    current: Candidate,
-    /// Windows the current candidate has run.
+    /// The pass over the axis, and the candidate's place in it.
+    pass: usize,
+    at: usize,
+    /// Windows run at this place of this pass.
     windows: usize,
-    /// Its scored windows.
-    window_scores: Vec<f64>,
-    /// Each measured candidate with its median score, in the order
-    /// measured.
-    scores: Vec<(Candidate, f64)>,
+    /// The start's score in this pass.
+    reference: f64,
+    /// Each measured candidate, in the order first measured.
+    measured: Vec<Measured>,
     /// Windows observed in all.
     observed: usize,
     settled: Option<Candidate>,
@@ -174,26 +216,24 @@ impl Tuner {
     pub(crate) fn new(grid: Grid, start: Candidate, schedule: Schedule) -> Tuner {
         let grid = Grid::new(grid.thresholds, grid.cycle_times, start);
         // The first axis: every threshold at the configured cycle time.
-        let mut queue: Vec<Candidate> = grid
-            .thresholds
-            .iter()
-            .filter(|&&t| t != start.fusion_threshold)
-            .map(|&fusion_threshold| Candidate {
+        let axis = axis(
+            &[start],
+            grid.thresholds.iter().map(|&fusion_threshold| Candidate {
                 fusion_threshold,
                 cycle_time: start.cycle_time,
-            })
-            .collect();
-        queue.reverse();
+            }),
+        );
         Tuner {
             grid,
             schedule,
             start,
-            queue,
+            axis,
             second_axis: false,
-            current: start,
+            pass: 0,
+            at: 0,
             windows: 0,
-            window_scores: Vec::new(),
-            scores: Vec::new(),
+            reference: 0.0,
+            measured: Vec::new(),
             observed: 0,
             settled: None,
         }
@@ -202,7 +242,7 @@ impl Tuner {
     /// The candidate the next window runs with.
     #[cfg(test)]
     pub(crate) fn current(&self) -> Candidate {
-        self.settled.unwrap_or(self.current)
+        self.settled.unwrap_or(self.axis[self.at])
     }
 
     /// The grid searched (the start included).
@@ -217,10 +257,10 @@ impl Tuner {
         self.settled
     }
 
-    /// The median score of each candidate measured, in the order measured
-    /// (the start first).
-    pub(crate) fn scores(&self) -> &[(Candidate, f64)] {
-        &self.scores
+    /// Each candidate measured so far, in the order first measured (the
+    /// start first).
+    pub(crate) fn measured(&self) -> &[Measured] {
+        &self.measured
     }
 
     /// Windows observed so far.
@@ -229,15 +269,17 @@ impl Tuner {
         self.observed
     }
 
-    /// The windows after which the search is over, whatever the scores:
-    /// each candidate of the two axes (the start once) gets
-    /// [`Schedule`]'s windows.
+    /// The most windows before the search is over, whatever the scores:
+    /// each pass gives each candidate of an axis [`Schedule`]'s windows;
+    /// the second axis (skipped for a single cycle time) holds the start,
+    /// the incumbent and the other cycle times.
     pub(crate) fn bound(&self) -> usize {
-        let candidates = self.grid.thresholds.len() + self.grid.cycle_times.len() - 1;
-        candidates * self.schedule.windows()
+        let cycle_times = self.grid.cycle_times.len();
+        let second = if cycle_times > 1 { cycle_times + 1 } else { 0 };
+        (self.grid.thresholds.len() + second) * self.schedule.passes() * self.schedule.windows()
     }
 
-    /// Takes the score of the window just run with [`Tuner::current`]
+    /// Takes the score of the window just run with the current candidate
     /// (bytes per second; anything not finite and positive counts as 0)
     /// and says what the next window runs with. After the search is over,
     /// every call answers the settled candidate and changes nothing.
@@ -247,60 +289,90 @@ impl Tuner {
         }
         self.observed += 1;
         self.windows += 1;
-        if self.windows > self.schedule.warmup {
-            let score = if score.is_finite() && score > 0.0 {
-                score
-            } else {
-                0.0
-            };
-            self.window_scores.push(score);
-        }
+        let current = self.axis[self.at];
         if self.windows < self.schedule.windows() {
-            return Decision::Try(self.current);
+            return Decision::Try(current);
         }
-        let median = median(&mut self.window_scores);
-        self.scores.push((self.current, median));
         self.windows = 0;
-        self.window_scores.clear();
-        if self.queue.is_empty() && !self.second_axis {
-            self.second_axis = true;
+        self.record(current, score);
+        self.at += 1;
+        if self.at == self.axis.len() {
+            self.at = 0;
+            self.pass += 1;
+        }
+        if self.pass == self.schedule.passes() {
+            self.pass = 0;
             let best = self.best();
-            self.queue = self
-                .grid
-                .cycle_times
-                .iter()
-                .filter(|&&c| c != best.cycle_time)
-                .map(|&cycle_time| Candidate {
+            if self.second_axis || self.grid.cycle_times.len() < 2 {
+                self.settled = Some(best);
+                return Decision::Settled(best);
+            }
+            // The second axis: every cycle time at the best threshold,
+            // beside the start (the reference) and the incumbent.
+            self.second_axis = true;
+            self.axis = axis(
+                &[self.start, best],
+                self.grid.cycle_times.iter().map(|&cycle_time| Candidate {
                     fusion_threshold: best.fusion_threshold,
                     cycle_time,
-                })
-                .rev()
-                .collect();
+                }),
+            );
         }
-        match self.queue.pop() {
-            Some(next) => {
-                self.current = next;
-                Decision::Try(next)
+        Decision::Try(self.axis[self.at])
+    }
+
+    /// Records `current`'s scored window of this pass (the start, first
+    /// in every pass, sets the pass's reference).
+    fn record(&mut self, current: Candidate, score: f64) {
+        let score = if score.is_finite() && score > 0.0 {
+            score
+        } else {
+            0.0
+        };
+        if current == self.start {
+            self.reference = score;
+        }
+        let relative = match (score, self.reference) {
+            (s, r) if r > 0.0 => s / r,
+            (s, _) if s > 0.0 => f64::MAX,
+            _ => 1.0,
+        };
+        match self.measured.iter_mut().find(|m| m.candidate == current) {
+            Some(m) => {
+                m.raw.push(score);
+                m.relative.push(relative);
             }
-            None => {
-                let best = self.best();
-                self.settled = Some(best);
-                Decision::Settled(best)
-            }
+            None => self.measured.push(Measured {
+                candidate: current,
+                raw: vec![score],
+                relative: vec![relative],
+            }),
         }
     }
 
-    /// The measured candidate with the highest median; the earliest
-    /// measured wins a tie, so the start beats an equal score.
+    /// The measured candidate with the highest median relative score; the
+    /// earliest measured wins a tie, so the start beats an equal score.
     fn best(&self) -> Candidate {
         let mut best: Option<(Candidate, f64)> = None;
-        for &(candidate, score) in &self.scores {
+        for m in &self.measured {
+            let score = m.relative_median();
             if best.is_none_or(|(_, top)| score > top) {
-                best = Some((candidate, score));
+                best = Some((m.candidate, score));
             }
         }
         best.map_or(self.start, |(c, _)| c)
     }
+}
+
+/// An axis: `first` (without repeats), then the other `points` in order.
+fn axis(first: &[Candidate], points: impl Iterator<Item = Candidate>) -> Vec<Candidate> {
+    let mut axis: Vec<Candidate> = Vec::new();
+    for p in first.iter().copied().chain(points) {
+        if !axis.contains(&p) {
+            axis.push(p);
+        }
+    }
+    axis
 }
 
 /// The median of `scores` (the lower of the middle two for an even count;

@@ -18,10 +18,12 @@ use kolo_protocol::{Response, ResponseKind};
 use kolo_transport::{Controller, TransportError};
 use std::time::{Duration, Instant};
 
-/// Training steps per sample window: with [`Schedule::default`]'s four
-/// windows per candidate and kolo's grid of 9 candidates, tuning takes
-/// 180 steps (Horovod's defaults take about 230).
-const STEPS_PER_WINDOW: usize = 5;
+/// Training steps per sample window: with [`Schedule::default`] (three
+/// passes of a discarded and a scored window) and kolo's grid (6
+/// thresholds, then at most 4 candidates of 3 cycle times and the
+/// configured setting), tuning takes at most 60 windows, 240 steps
+/// (Horovod's defaults take about 230).
+pub(crate) const STEPS_PER_WINDOW: usize = 4;
 
 /// The version byte of the setting's broadcast.
 const MESSAGE_VERSION: u8 = 1;
@@ -158,15 +160,17 @@ impl Tuning {
         let message = match tuner {
             Some(tuner) => {
                 let score = window_bytes as f64 / elapsed.as_secs_f64();
-                let measured = tuner.scores().len();
                 let decision = tuner.observe(score);
-                if let Some(&(candidate, score)) = tuner.scores().get(measured) {
-                    tracing::debug!(
-                        "autotune: fusion threshold {} MiB, cycle time {} ms: {:.1} MB/s",
-                        mib(candidate.fusion_threshold),
-                        millis(candidate.cycle_time),
-                        score / 1e6
-                    );
+                if matches!(decision, Decision::Settled(_)) {
+                    for s in scores_of(tuner) {
+                        tracing::debug!(
+                            "autotune: fusion threshold {} MiB, cycle time {} ms: {:.1} MB/s, {:.3}x the configured",
+                            mib(s.candidate.fusion_threshold),
+                            millis(s.candidate.cycle_time),
+                            s.bytes_per_second / 1e6,
+                            s.relative
+                        );
+                    }
                 }
                 encode(decision).to_vec()
             }
@@ -221,11 +225,12 @@ impl Tuning {
 /// The tuner's measured candidates as the snapshot shows them.
 fn scores_of(tuner: &Tuner) -> Vec<CandidateScore> {
     tuner
-        .scores()
+        .measured()
         .iter()
-        .map(|&(candidate, bytes_per_second)| CandidateScore {
-            candidate,
-            bytes_per_second,
+        .map(|m| CandidateScore {
+            candidate: m.candidate,
+            bytes_per_second: m.raw_median(),
+            relative: m.relative_median(),
         })
         .collect()
 }

@@ -7,6 +7,7 @@ use super::search::{median, Candidate, Decision, Grid, Schedule, Tuner};
 use super::shell::{decode, encode};
 use super::windows::{Windows, MAX_STEP_TENSORS};
 use proptest::prelude::*;
+use std::collections::HashMap;
 use std::time::Duration;
 
 fn grid_values() -> impl Strategy<Value = (Vec<usize>, Vec<Duration>)> {
@@ -129,14 +130,14 @@ proptest! {
         // An arbitrary (not separable) function of the candidate.
         let score = |k: Candidate| {
             let x = (k.fusion_threshold as u64) ^ (k.cycle_time.as_nanos() as u64) ^ seed;
-            (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f64
+            (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f64 + 1.0
         };
         let mut tuner = Tuner::new(Grid::new(t, c, start), start, schedule);
         run(&mut tuner, |k, _| score(k));
         let settled = tuner.settled().expect("settled");
-        let scores = tuner.scores();
-        prop_assert_eq!(scores[0].0, start);
-        let top = scores.iter().map(|s| s.1).fold(f64::MIN, f64::max);
+        let measured = tuner.measured();
+        prop_assert_eq!(measured[0].candidate, start);
+        let top = measured.iter().map(|m| score(m.candidate)).fold(f64::MIN, f64::max);
         prop_assert_eq!(score(settled), top);
         prop_assert!(score(settled) >= score(start));
     }
@@ -153,12 +154,51 @@ proptest! {
         let score = separable(&tf, &cf, &grid);
         let schedule = Schedule { warmup: 1, samples: 3 };
         let mut tuner = Tuner::new(grid.clone(), start, schedule);
-        // Window `bad` of each candidate's scored three is wildly off.
-        run(&mut tuner, |k, w| if w % 4 == bad + 1 { 1e18 } else { score(k) });
+        // Each candidate's windows alternate discarded and scored; its
+        // scored window `bad` is wildly off.
+        let mut windows: HashMap<Candidate, usize> = HashMap::new();
+        run(&mut tuner, |k, _| {
+            let n = windows.entry(k).or_default();
+            *n += 1;
+            if *n == 2 * bad + 2 { 1e18 } else { score(k) }
+        });
         let settled = tuner.settled().expect("settled");
         let mut noiseless = Tuner::new(grid, start, schedule);
         run(&mut noiseless, |k, _| score(k));
         prop_assert_eq!(score(settled), score(noiseless.settled().expect("settled")));
+    }
+
+    #[test]
+    fn a_load_that_changes_between_passes_changes_nothing(
+        (t, c) in grid_values(),
+        start in start(),
+        tf in prop::collection::vec(0u32..1000, 1..8),
+        cf in prop::collection::vec(0u32..1000, 1..6),
+        loads in prop::collection::vec(0.1f64..10.0, 1..4),
+    ) {
+        // A machine whose load is steady within a pass over the
+        // candidates but differs from pass to pass (a sequential search
+        // would credit it to whichever candidates ran meanwhile): scores
+        // relative to the start's in the same pass do not see it.
+        let grid = Grid::new(t, c, start);
+        let score = separable(&tf, &cf, &grid);
+        let mut tuner = Tuner::new(grid.clone(), start, Schedule::default());
+        // The pass of each window: the start's scored windows open them.
+        let mut pass = 0;
+        let mut starts = 0;
+        run(&mut tuner, |k, _| {
+            if k == start {
+                starts += 1;
+                if starts % 2 == 1 {
+                    pass += 1;
+                }
+            }
+            score(k) * loads[pass % loads.len()]
+        });
+        let mut noiseless = Tuner::new(grid, start, Schedule::default());
+        run(&mut noiseless, |k, _| score(k));
+        let (settled, best) = (tuner.settled().expect("settled"), noiseless.settled().expect("settled"));
+        prop_assert_eq!(score(settled), score(best));
     }
 
     #[test]
@@ -177,7 +217,7 @@ proptest! {
 }
 
 #[test]
-fn kolos_grid_holds_the_configured_setting_and_takes_nine_candidates() {
+fn kolos_grid_holds_the_configured_setting_and_takes_sixty_windows() {
     let configured = Candidate {
         fusion_threshold: 128 << 20,
         cycle_time: Duration::from_millis(1),
@@ -188,9 +228,29 @@ fn kolos_grid_holds_the_configured_setting_and_takes_nine_candidates() {
         grid.thresholds(),
         [0, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]
     );
-    assert_eq!(grid.cycle_times().len(), 4);
-    let tuner = Tuner::new(grid, configured, Schedule::default());
-    assert_eq!(tuner.bound(), 9 * 4);
+    assert_eq!(grid.cycle_times().len(), 3);
+    let mut tuner = Tuner::new(grid, configured, Schedule::default());
+    // 6 thresholds, then up to 4 candidates (the start, the best
+    // threshold, 2 more cycle times), each 3 times a discarded and a
+    // scored window.
+    assert_eq!(tuner.bound(), (6 + 4) * 3 * 2);
+    let proposed = run(&mut tuner, |_, _| 1.0);
+    // Equal scores: the best threshold is the start's, measured once per
+    // pass on the second axis.
+    assert_eq!(tuner.observed(), (6 + 3) * 3 * 2);
+    // Interleaved: the first pass goes over every threshold once, the
+    // configured one first.
+    let thresholds: Vec<usize> = proposed[..12]
+        .iter()
+        .step_by(2)
+        .map(|c| c.fusion_threshold)
+        .collect();
+    assert_eq!(
+        thresholds,
+        [128 << 20, 0, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    );
+    // Equal scores: the configured setting wins.
+    assert_eq!(tuner.settled(), Some(configured));
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The one error type of kolo: every failure names the tensor, the value or
 //! the rank it is about.
 
-use crate::process_set::SetLabel;
+use crate::set_label::SetLabel;
 use kolo_transport::TransportError;
 use std::fmt;
 use std::path::PathBuf;

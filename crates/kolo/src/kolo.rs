@@ -11,7 +11,7 @@ use crate::engine::placement::DevicePlane;
 use crate::engine::submission::Submission;
 use crate::engine::watchdog::Guards;
 use crate::error::Error;
-use crate::process_set::{check_members, ProcessSet, SetLabel, SetMaker};
+use crate::set_label::SetLabel;
 use crate::stats::Stats;
 use kolo_timeline::Timeline;
 use kolo_transport::Backend;
@@ -19,6 +19,14 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// What a backend's launcher leaves a world's [`Kolo`] so that it can
+/// make process sets: starts this rank's engine of the set `label` on a
+/// new communicator of its members. Every member calls it with the same
+/// label.
+pub(crate) trait SetMaker: Send + Sync {
+    fn start(&self, label: &SetLabel, config: &Config) -> Result<Kolo, Error>;
+}
 
 /// One rank's entry point: submits collectives to the background engine.
 ///
@@ -144,52 +152,31 @@ impl Kolo {
         self
     }
 
-    /// Makes a process set of `members` (world ranks, in any order): the
-    /// returned [`ProcessSet`] is a `Kolo` of its own over those ranks
-    /// (see [`crate::ProcessSet`] for what it shares with the world: nothing
-    /// but the processes). Only the members call it, each with the same
-    /// ranks; it returns once every member did. The members of one list
-    /// make its sets in the same order.
-    ///
-    /// Fails with [`Error::ProcessSet`] naming the members for a rank out
-    /// of range or listed twice, a caller outside the set, a set of a
-    /// set, and a backend that cannot make sets (NCCL's engines); and
-    /// after the operation timeout ([`Config::timeout`]) when some member
-    /// never calls it.
-    pub fn process_set(&self, members: &[usize]) -> Result<ProcessSet, Error> {
-        let refuse = |reason: &str| Error::ProcessSet {
-            members: members.to_vec(),
-            reason: reason.to_owned(),
-        };
-        if self.set.is_some() {
-            return Err(refuse(
-                "this is a process set's engine: make sets from the world's, with world ranks",
-            ));
-        }
-        let sorted = check_members(members, self.size(), self.rank())?;
-        let Some(maker) = &self.sets else {
-            return Err(refuse("this backend cannot make process sets"));
-        };
-        let ordinal = {
-            let mut ordinals = self.ordinals.lock();
-            let next = ordinals.entry(sorted.clone()).or_insert(0);
-            *next += 1;
-            *next - 1
-        };
-        let label = Arc::new(SetLabel {
-            members: sorted,
-            ordinal,
-        });
-        let mut kolo = maker.start(&label, &self.config).map_err(|e| match e {
-            Error::ProcessSet { .. } => e,
-            other => Error::ProcessSet {
-                members: label.members.clone(),
-                reason: other.to_string(),
-            },
-        })?;
-        kolo.runtime.name_process_set(Arc::clone(&label));
-        kolo.set = Some(Arc::clone(&label));
-        Ok(ProcessSet::new(kolo, label))
+    /// How this world's backend makes process sets, where it can (see
+    /// [`crate::ProcessSet`]).
+    pub(crate) fn set_maker(&self) -> Option<&Arc<dyn SetMaker>> {
+        self.sets.as_ref()
+    }
+
+    /// The process set this engine is of (`None` for a world's).
+    pub(crate) fn process_set_label(&self) -> Option<&Arc<SetLabel>> {
+        self.set.as_ref()
+    }
+
+    /// How many sets of `members` this rank made before (and counts one
+    /// more).
+    pub(crate) fn next_set_ordinal(&self, members: &[usize]) -> u32 {
+        let mut ordinals = self.ordinals.lock();
+        let next = ordinals.entry(members.to_vec()).or_insert(0);
+        *next += 1;
+        *next - 1
+    }
+
+    /// This engine as process set `label`'s: its errors name the set.
+    pub(crate) fn of_set(mut self, label: Arc<SetLabel>) -> Kolo {
+        self.runtime.name_process_set(Arc::clone(&label));
+        self.set = Some(label);
+        self
     }
 
     /// This rank.

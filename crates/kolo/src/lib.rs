@@ -61,8 +61,11 @@ mod placed;
 mod process_set;
 pub mod raw;
 mod scope;
+mod set_label;
 mod split;
 mod stats;
+#[cfg(feature = "ucx")]
+mod store_bulletin;
 mod tensor;
 pub mod threads;
 #[cfg(feature = "ucx")]

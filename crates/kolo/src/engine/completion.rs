@@ -9,7 +9,7 @@ use crate::engine::lease::Lease;
 use crate::engine::names::TensorNames;
 use crate::engine::progress::Progress;
 use crate::error::Error;
-use crate::process_set::SetLabel;
+use crate::set_label::SetLabel;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use std::any::Any;

@@ -16,7 +16,7 @@ use crate::engine::submission::Submission;
 use crate::engine::watchdog::{Guards, Watch, Watchdog};
 use crate::error::Error;
 use crate::panic_text::panic_text;
-use crate::process_set::SetLabel;
+use crate::set_label::SetLabel;
 use crate::stats::Stats;
 use crossbeam_channel::Sender;
 use kolo_timeline::Timeline;

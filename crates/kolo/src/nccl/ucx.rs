@@ -5,7 +5,7 @@
 use super::plane::NcclPlane;
 use crate::engine::placement::DevicePlane;
 use crate::engine::watchdog::Guards;
-use crate::ucx::StoreBulletin;
+use crate::store_bulletin::StoreBulletin;
 use crate::{Config, Error, Kolo};
 use kolo_nccl::{NcclComm, NcclOptions};
 use kolo_rendezvous::Rendezvous;

@@ -24,56 +24,12 @@ pub(crate) mod threads;
 #[cfg(feature = "ucx")]
 pub(crate) mod ucx;
 
-use crate::config::Config;
 use crate::error::Error;
 use crate::kolo::Kolo;
+use crate::set_label::SetLabel;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
-
-/// Which set: its members (world ranks, ascending) and how many sets of
-/// the same members this rank made before it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct SetLabel {
-    pub(crate) members: Vec<usize>,
-    pub(crate) ordinal: u32,
-}
-
-impl SetLabel {
-    /// A world rank for `rank` of the set (itself when out of range: a
-    /// message must not fail for it).
-    pub(crate) fn world_rank(&self, rank: usize) -> usize {
-        self.members.get(rank).copied().unwrap_or(rank)
-    }
-
-    /// A short key for backends' message spaces: the members and the
-    /// ordinal, the same on every member.
-    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
-    pub(crate) fn key(&self) -> String {
-        let members: Vec<String> = self.members.iter().map(usize::to_string).collect();
-        format!("{}#{}", members.join("."), self.ordinal)
-    }
-}
-
-impl fmt::Display for SetLabel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "process set {:?}", self.members)?;
-        if self.ordinal > 0 {
-            write!(f, " (the {} made from these ranks)", nth(self.ordinal + 1))?;
-        }
-        Ok(())
-    }
-}
-
-fn nth(n: u32) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (1, r) if r != 11 => "st",
-        (2, r) if r != 12 => "nd",
-        (3, r) if r != 13 => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
-}
 
 /// The members of a set `me` makes in a world of `world` ranks, sorted:
 /// every rank in range, none twice, `me` among them.
@@ -107,11 +63,47 @@ pub(crate) fn check_members(
     Ok(sorted)
 }
 
-/// What a backend's launcher leaves a world's [`Kolo`] so that it can
-/// make sets: starts this rank's engine of the set `label` on a new
-/// communicator of its members. Every member calls it with the same label.
-pub(crate) trait SetMaker: Send + Sync {
-    fn start(&self, label: &SetLabel, config: &Config) -> Result<Kolo, Error>;
+impl Kolo {
+    /// Makes a process set of `members` (world ranks, in any order): the
+    /// returned [`ProcessSet`] is a `Kolo` of its own over those ranks
+    /// (see [`crate::ProcessSet`] for what it shares with the world: nothing
+    /// but the processes). Only the members call it, each with the same
+    /// ranks; it returns once every member did. The members of one list
+    /// make its sets in the same order.
+    ///
+    /// Fails with [`Error::ProcessSet`] naming the members for a rank out
+    /// of range or listed twice, a caller outside the set, a set of a
+    /// set, and a backend that cannot make sets (NCCL's engines); and
+    /// after the operation timeout ([`Config::timeout`]) when some member
+    /// never calls it.
+    pub fn process_set(&self, members: &[usize]) -> Result<ProcessSet, Error> {
+        let refuse = |reason: &str| Error::ProcessSet {
+            members: members.to_vec(),
+            reason: reason.to_owned(),
+        };
+        if self.process_set_label().is_some() {
+            return Err(refuse(
+                "this is a process set's engine: make sets from the world's, with world ranks",
+            ));
+        }
+        let sorted = check_members(members, self.size(), self.rank())?;
+        let Some(maker) = self.set_maker() else {
+            return Err(refuse("this backend cannot make process sets"));
+        };
+        let ordinal = self.next_set_ordinal(&sorted);
+        let label = Arc::new(SetLabel {
+            members: sorted,
+            ordinal,
+        });
+        let kolo = maker.start(&label, self.config()).map_err(|e| match e {
+            Error::ProcessSet { .. } => e,
+            other => Error::ProcessSet {
+                members: label.members.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        Ok(ProcessSet::new(kolo.of_set(Arc::clone(&label)), label))
+    }
 }
 
 /// One member's handle on a process set: a [`Kolo`] over the set's own
@@ -196,28 +188,6 @@ mod tests {
         let outsider = message(&[0, 1], 3);
         assert!(outsider.contains("rank 3 is not a member"), "{outsider}");
         assert!(outsider.contains("[0, 1]"), "{outsider}");
-    }
-
-    #[test]
-    fn labels_name_members_and_repeats() {
-        let first = SetLabel {
-            members: vec![0, 2],
-            ordinal: 0,
-        };
-        assert_eq!(first.to_string(), "process set [0, 2]");
-        assert_eq!(first.key(), "0.2#0");
-        let third = SetLabel {
-            members: vec![0, 2],
-            ordinal: 2,
-        };
-        assert_eq!(
-            third.to_string(),
-            "process set [0, 2] (the 3rd made from these ranks)"
-        );
-        assert_eq!(third.world_rank(1), 2);
-        assert_eq!(third.world_rank(5), 5);
-        assert_eq!(nth(11), "11th");
-        assert_eq!(nth(22), "22nd");
     }
 
     proptest! {

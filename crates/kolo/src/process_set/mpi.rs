@@ -2,11 +2,11 @@
 //! members alone on a duplicate of the world kept for it (the world's own
 //! communicator belongs to its engine's thread).
 
-use super::{SetLabel, SetMaker};
 use crate::config::Config;
 use crate::engine::watchdog::Guards;
 use crate::error::Error;
-use crate::kolo::Kolo;
+use crate::kolo::{Kolo, SetMaker};
+use crate::set_label::SetLabel;
 use kolo_mpi::{MpiComm, MAX_GROUP_TAG};
 use kolo_timeline::Timeline;
 use parking_lot::Mutex;

@@ -3,11 +3,11 @@
 //! makes the set's kolo-threads world, of which each member takes its
 //! communicator.
 
-use super::{SetLabel, SetMaker};
 use crate::config::Config;
 use crate::engine::watchdog::{Bulletin, Guards, MemoryBulletin};
 use crate::error::Error;
-use crate::kolo::Kolo;
+use crate::kolo::{Kolo, SetMaker};
+use crate::set_label::SetLabel;
 use kolo_threads::ThreadComm;
 use kolo_timeline::Timeline;
 use parking_lot::Mutex;

@@ -2,12 +2,12 @@
 //! addresses in the job's rendezvous store under the set's own keys and
 //! connect to one another; ranks outside the set take no part.
 
-use super::{SetLabel, SetMaker};
 use crate::config::Config;
 use crate::engine::watchdog::Guards;
 use crate::error::Error;
-use crate::kolo::Kolo;
-use crate::ucx::StoreBulletin;
+use crate::kolo::{Kolo, SetMaker};
+use crate::set_label::SetLabel;
+use crate::store_bulletin::StoreBulletin;
 use kolo_rendezvous::{Client, Rendezvous};
 use kolo_timeline::Timeline;
 use kolo_ucx::UcxComm;

@@ -25,7 +25,7 @@ use crate::engine::names::TensorNames;
 use crate::engine::progress::Progress;
 use crate::engine::submission::{Input, Inputs, Names, Shapes, Submission};
 use crate::error::Error;
-use crate::process_set::SetLabel;
+use crate::set_label::SetLabel;
 use kolo_coordinator::{Submission as Request, TensorId};
 use kolo_protocol::{Params, RequestKind};
 use rustc_hash::FxHashMap;

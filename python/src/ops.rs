@@ -86,12 +86,13 @@ fn allreduce_submit(
     // SAFETY: `held` keeps the tensor's memory alive until the operation
     // completed (waited for here, or by the handle, whose drop hands it
     // to the completion).
-    submit(py, process_set.as_deref(), held, |k| unsafe {
+    submit(py, process_set, held, |k| unsafe {
         k.allreduce_raw(name, &tensor, options)
     })
 }
 
 /// Reduces `tensor` across all ranks, in place.
+#[allow(clippy::too_many_arguments)] // the Python call's keywords
 #[pyfunction]
 #[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none", process_set=None))]
 pub(crate) fn allreduce(
@@ -118,6 +119,7 @@ pub(crate) fn allreduce(
 }
 
 /// [`allreduce`], returning a handle.
+#[allow(clippy::too_many_arguments)] // the Python call's keywords
 #[pyfunction]
 #[pyo3(signature = (tensor, name, op=0, prescale=1.0, postscale=1.0, stream=0, compression="none", process_set=None))]
 pub(crate) fn allreduce_async(

@@ -94,6 +94,14 @@ impl<M: Memory> FusionBuffers<M> {
         }
     }
 
+    /// One tick of the owner's clock (an engine calls it once a cycle):
+    /// buffers that rare operations ask for are trimmed after a window of
+    /// ticks, as frequent ones are after a window of requests.
+    pub fn tick(&mut self) {
+        let freed = self.retention.tick();
+        self.free(freed);
+    }
+
     /// The allocation for `device` and `T`, at least `len` elements long.
     /// A shorter one is dropped before `allocate` makes one of `len`
     /// elements, so that a device never holds both; so is an allocation of

@@ -15,7 +15,9 @@
 //!   used other slots. Every dtype a job mixes (fp16 and fp32 gradients)
 //!   keeps its buffer while they fit together. One request larger than
 //!   the whole budget is still served: its slot is then the only one.
-//! - **Trim.** Every [`TRIM_WINDOW`] requests, a slot holding more than
+//! - **Trim.** Every [`TRIM_WINDOW`] requests, or every [`TRIM_TICKS`]
+//!   ticks of its shell's owner (an engine ticks once a cycle) for slots
+//!   requested rarely, a slot holding more than
 //!   one and a half times the largest request it served in that window is
 //!   freed (one not used at all, always), so that a rare large or
 //!   rarely used buffer does not stay for the life of the process: what
@@ -30,6 +32,13 @@
 /// training step's fused operations, even many of them, fall into every
 /// window.
 pub(crate) const TRIM_WINDOW: u64 = 64;
+
+/// Ticks after which a window closes however few requests it saw: a
+/// buffer that only rare operations ask for (an engine's fused gathers
+/// among reductions done in place) would otherwise keep its largest size
+/// for as many minutes as its 64 requests take. An engine ticks once a
+/// cycle (1 ms by default): a few seconds, longer than a training step.
+pub(crate) const TRIM_TICKS: u64 = 4096;
 
 /// A slot is trimmed when it holds more than this many halves of what its
 /// window asked of it (one and a half times).
@@ -67,6 +76,9 @@ pub(crate) struct Retention<K> {
     clock: u64,
     /// The clock when the current window began.
     window_start: u64,
+    /// Ticks since the current window began, and how many close it.
+    ticks: u64,
+    tick_window: u64,
     /// Few (devices times dtypes): a list beats a map.
     held: Vec<Held<K>>,
     total: usize,
@@ -88,6 +100,8 @@ impl<K: Copy + Eq> Retention<K> {
             halves,
             clock: 0,
             window_start: 0,
+            ticks: 0,
+            tick_window: TRIM_TICKS,
             held: Vec::new(),
             total: 0,
         }
@@ -153,7 +167,7 @@ impl<K: Copy + Eq> Retention<K> {
         self.clock += 1;
         let mut freed = Vec::new();
         if self.clock - self.window_start > self.window {
-            self.close_window(key, need, &mut freed);
+            self.close_window(Some((key, need)), &mut freed);
         }
         match self.position(key) {
             Some(index) if fits => {
@@ -175,15 +189,15 @@ impl<K: Copy + Eq> Retention<K> {
     /// now closing asked of them, and opens the next. The slot requested
     /// now counts this request too: it is not replaced by one of nearly
     /// the same size.
-    fn close_window(&mut self, key: K, need: usize, freed: &mut Vec<K>) {
-        self.window_start = self.clock - 1;
+    fn close_window(&mut self, asking: Option<(K, usize)>, freed: &mut Vec<K>) {
+        self.window_start = self.clock.saturating_sub(u64::from(asking.is_some()));
+        self.ticks = 0;
         let mut index = 0;
         while index < self.held.len() {
             let held = &mut self.held[index];
-            let asked = if held.key == key {
-                held.peak.max(need)
-            } else {
-                held.peak
+            let asked = match asking {
+                Some((key, need)) if held.key == key => held.peak.max(need),
+                _ => held.peak,
             };
             if held.bytes.saturating_mul(2) > asked.saturating_mul(self.halves) {
                 self.remove_at(index, freed);
@@ -192,6 +206,18 @@ impl<K: Copy + Eq> Retention<K> {
                 index += 1;
             }
         }
+    }
+
+    /// One tick of the owner's clock (an engine's cycle): closes the
+    /// window after [`TRIM_TICKS`] of them, trimming as a request would.
+    /// Returns the slots to free.
+    pub(crate) fn tick(&mut self) -> Vec<K> {
+        self.ticks += 1;
+        let mut freed = Vec::new();
+        if self.ticks >= self.tick_window {
+            self.close_window(None, &mut freed);
+        }
+        freed
     }
 
     /// Records the allocation of `bytes` made for a request of `need`
@@ -355,6 +381,27 @@ mod tests {
             assert_eq!(ledger.request(1, need, true).0, Serve::Reuse);
         }
         assert_eq!(ledger.total(), 6 << 20);
+    }
+
+    #[test]
+    fn ticks_close_a_window_that_few_requests_reach() {
+        let mut ledger = Retention::new(1 << 30);
+        serve(&mut ledger, 1, 64 << 20);
+        serve(&mut ledger, 2, 1 << 20);
+        // A second large request within the first window keeps slot 1.
+        for _ in 1..TRIM_TICKS {
+            assert!(ledger.tick().is_empty());
+        }
+        assert_eq!(ledger.request(1, 48 << 20, true).0, Serve::Reuse);
+        assert_eq!(ledger.tick(), Vec::<u8>::new());
+        // A window of ticks without a request frees both.
+        for _ in 1..TRIM_TICKS {
+            assert!(ledger.tick().is_empty());
+        }
+        let mut freed = ledger.tick();
+        freed.sort();
+        assert_eq!(freed, [1, 2]);
+        assert_eq!(ledger.total(), 0);
     }
 
     #[derive(Clone, Debug)]

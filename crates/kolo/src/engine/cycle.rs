@@ -189,6 +189,7 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         if self.tuning.running() {
             self.tune(&output, started)?;
         }
+        self.performer.buffers.tick();
         Ok(())
     }
 

@@ -157,24 +157,45 @@ pub fn the_mismatch_matrix(kolo: &Kolo) -> Result<Digest, Error> {
 }
 
 /// A name submitted again while in flight is rejected at once; so is a
-/// group naming a tensor twice.
+/// group naming a tensor twice. Each rank submits a name of its own first,
+/// which no other rank submits before the barrier after the check: the
+/// first submission is surely still in flight then (with one name for all,
+/// a rank descheduled between its two calls saw the first complete).
 pub fn a_name_in_flight_is_rejected(kolo: &Kolo) -> Result<Digest, Error> {
-    let n = kolo.size() as i32;
-    let mut a = [1i32; 4];
+    let (n, me) = (kolo.size(), kolo.rank());
+    let names: Vec<String> = (0..n).map(|r| format!("dup/{r}")).collect();
+    let mut bufs = vec![vec![1i32; 4]; n];
     let mut b = [1i32; 4];
     kolo.scope(|s| {
-        let first = s.allreduce_async("dup", &mut a, ReduceOp::Sum)?;
-        let err = expect_err(s.allreduce_async("dup", &mut b, ReduceOp::Sum), "duplicate");
+        let mut handles = Vec::with_capacity(n);
+        let mut others = Vec::with_capacity(n);
+        for (r, buf) in bufs.iter_mut().enumerate() {
+            if r == me {
+                handles.push(s.allreduce_async(&names[r], buf, ReduceOp::Sum)?);
+            } else {
+                others.push((r, buf));
+            }
+        }
+        let err = expect_err(
+            s.allreduce_async(&names[me], &mut b, ReduceOp::Sum),
+            "duplicate",
+        );
         assert_eq!(
             err,
             Error::DuplicateName {
-                tensor: "dup".into()
+                tensor: names[me].clone()
             }
         );
-        assert!(err.to_string().contains("'dup'"));
-        first.wait()
+        assert!(err.to_string().contains(&format!("'{}'", names[me])));
+        kolo.barrier()?;
+        for (r, buf) in others {
+            handles.push(s.allreduce_async(&names[r], buf, ReduceOp::Sum)?);
+        }
+        handles.into_iter().try_for_each(|h| h.wait())
     })?;
-    assert_eq!(a, [n; 4]);
+    for buf in &bufs {
+        assert_eq!(buf, &vec![n as i32; 4]);
+    }
     // A group naming a tensor twice is refused when it is made.
     let err = expect_err(TensorGroup::new(["twice", "twice"]), "group");
     match &err {
@@ -185,8 +206,8 @@ pub fn a_name_in_flight_is_rejected(kolo: &Kolo) -> Result<Digest, Error> {
         other => panic!("expected an invalid argument, got {other:?}"),
     }
     // Once complete, the name is free again.
-    kolo.allreduce("dup", &mut b, ReduceOp::Sum)?;
-    assert_eq!(b, [n; 4]);
+    kolo.allreduce(&names[0], &mut b, ReduceOp::Sum)?;
+    assert_eq!(b, [n as i32; 4]);
     Ok(None)
 }
 

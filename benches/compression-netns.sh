@@ -13,20 +13,9 @@
 # the median step time of each, with fp16's speed-up.
 set -euo pipefail
 bin=$1 rounds=${2:-3} rate=${3:-1gbit} size=${4:-64M}
-id=$$ a=kcmp$$a b=kcmp$$b
-da=kc$$a db=kc$$b
-net=10.78.$((1 + $$ % 250))
-cleanup() { ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$a"; ip netns add "$b"
-ip link add "$da" type veth peer name "$db"
-ip link set "$da" netns "$a"; ip link set "$db" netns "$b"
-ip -n "$a" addr add "$net.1/24" dev "$da"; ip -n "$b" addr add "$net.2/24" dev "$db"
-for side in "$a $da" "$b $db"; do
-  set -- $side
-  ip -n "$1" link set "$2" up; ip -n "$1" link set lo up
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 100ms
-done
+id=$$
+. "$(dirname "$0")/shaped-hosts.sh"
+shaped_hosts kcmp 78 "$rate"
 port=$((29000 + $$ % 1000)) token=compression-$id
 run() { # compression round
   local node ns pids=()

@@ -16,21 +16,11 @@
 # speed-up.
 set -euo pipefail
 bin=$1 rounds=${2:-3} rate=${3:-1gbit} sizes=${4:-16M,64M}
-id=$$ a=khier$$a b=khier$$b
-da=kh$$a db=kh$$b
-net=10.79.$((1 + $$ % 250))
+id=$$
 out=$(mktemp -d)
-cleanup() { ip netns del "$a" 2>/dev/null || true; ip netns del "$b" 2>/dev/null || true; rm -rf "$out"; }
-trap cleanup EXIT
-ip netns add "$a"; ip netns add "$b"
-ip link add "$da" type veth peer name "$db"
-ip link set "$da" netns "$a"; ip link set "$db" netns "$b"
-ip -n "$a" addr add "$net.1/24" dev "$da"; ip -n "$b" addr add "$net.2/24" dev "$db"
-for side in "$a $da" "$b $db"; do
-  set -- $side
-  ip -n "$1" link set "$2" up; ip -n "$1" link set lo up
-  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst 256kb latency 100ms
-done
+CLEANUP_EXTRA="rm -rf $out"
+. "$(dirname "$0")/shaped-hosts.sh"
+shaped_hosts khier 79 "$rate"
 port=$((29000 + $$ % 1000)) token=hierarchical-$id
 run() { # mode round size
   local node ns hier="" pids=()

@@ -228,56 +228,35 @@ impl Error {
     /// ranks within the set: a failed or shutting-down rank becomes its
     /// world rank, and every message names the set, so that a user with
     /// several sets knows which one failed and how its ranks map.
-    pub(crate) fn in_process_set(self, set: &SetLabel) -> Error {
-        let note = |text: String| {
-            format!(
-                "{text} [in {set}: its ranks 0..{} are world ranks {:?}]",
-                set.members.len(),
-                set.members
-            )
-        };
-        match self {
-            Error::Mismatch { tensor, message } => Error::Mismatch {
-                tensor,
-                message: note(message),
-            },
-            Error::Remote { tensor, message } => Error::Remote {
-                tensor,
-                message: note(message),
-            },
-            Error::Stalled { tensor, message } => Error::Stalled {
-                tensor,
-                message: note(message),
-            },
-            Error::Timeout {
-                tensor,
-                after,
-                report,
-            } => Error::Timeout {
-                tensor,
-                after,
-                report: note(report),
-            },
-            Error::Collective { tensor, message } => Error::Collective {
-                tensor,
-                message: note(message),
-            },
-            Error::InvalidArgument { tensor, reason } => Error::InvalidArgument {
-                tensor,
-                reason: note(reason),
-            },
-            Error::RankFailed { rank, message } => Error::RankFailed {
-                rank: set.world_rank(rank),
-                message: note(message),
-            },
-            Error::ShutDown { by_ranks } => Error::ShutDown {
-                by_ranks: by_ranks
-                    .into_iter()
-                    .map(|r| set.world_rank(r as usize) as u32)
-                    .collect(),
-            },
-            other => other,
+    pub(crate) fn in_process_set(mut self, set: &SetLabel) -> Error {
+        let note = format!(
+            " [in {set}: its ranks 0..{} are world ranks {:?}]",
+            set.members.len(),
+            set.members
+        );
+        match &mut self {
+            Error::Mismatch { message, .. }
+            | Error::Remote { message, .. }
+            | Error::Stalled { message, .. }
+            | Error::Collective { message, .. }
+            | Error::Timeout {
+                report: message, ..
+            }
+            | Error::InvalidArgument {
+                reason: message, ..
+            } => message.push_str(&note),
+            Error::RankFailed { rank, message } => {
+                *rank = set.world_rank(*rank);
+                message.push_str(&note);
+            }
+            Error::ShutDown { by_ranks } => {
+                for r in by_ranks.iter_mut() {
+                    *r = set.world_rank(*r as usize) as u32;
+                }
+            }
+            _ => {}
         }
+        self
     }
 }
 

@@ -172,18 +172,7 @@ impl MpiComm {
                 )));
             }
         };
-        let ((rank, size), (local_rank, local_size)) = data.topology()?;
-        Ok(Some(MpiComm {
-            types,
-            control,
-            data,
-            tag_ub: self.tag_ub,
-            rank,
-            size,
-            local_rank,
-            local_size,
-            runtime: Arc::clone(&self.runtime),
-        }))
+        Ok(Some(self.derived(types, control, data)?))
     }
 
     /// A communicator of `members` (ranks of this one, in the order that
@@ -232,6 +221,19 @@ impl MpiComm {
         let types = Types::create()?;
         let control = self.control.create_group(&ranks, tag)?;
         let data = self.data.create_group(&ranks, tag)?;
+        self.derived(types, control, data)
+    }
+
+    /// A communicator of new `control` and `data` communicators made from
+    /// this one (a split or a group of it), with their own topology (rank
+    /// and size, and local ones from a shared-memory split), keeping MPI
+    /// initialised as this one does. Collective over the new one.
+    fn derived(
+        &self,
+        types: Types,
+        control: Communicator,
+        data: Communicator,
+    ) -> std::result::Result<MpiComm, MpiError> {
         let ((rank, size), (local_rank, local_size)) = data.topology()?;
         Ok(MpiComm {
             types,

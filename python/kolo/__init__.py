@@ -102,6 +102,7 @@ size = _kolo.size
 local_rank = _kolo.local_rank
 local_size = _kolo.local_size
 mpi_threads_supported = _kolo.mpi_threads_supported
+release_buffers = _kolo.release_buffers
 barrier = _kolo.barrier
 join = _kolo.join
 ProcessSet = _kolo.ProcessSet
@@ -343,7 +344,7 @@ def run_job(ranks, argv, env=(), timeout=300.0):
 __all__ = [
     "Sum", "Average", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "mpi_threads_supported", "allreduce", "allreduce_async", "grouped_allreduce",
+    "mpi_threads_supported", "release_buffers", "allreduce", "allreduce_async", "grouped_allreduce",
     "grouped_allreduce_async", "broadcast", "broadcast_async", "allgather", "allgather_async",
     "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async", "barrier", "join",
     "poll", "synchronize", "Handle", "run_job", "Compression", "process_set", "ProcessSet",

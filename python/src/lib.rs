@@ -103,6 +103,17 @@ fn mpi_threads_supported(py: Python<'_>) -> PyResult<bool> {
     Ok(Kolo::mpi_threads_supported().unwrap_or(false))
 }
 
+/// Frees this rank's fusion buffers now (host and GPU), as
+/// `torch.cuda.empty_cache()` empties PyTorch's cache, and returns the
+/// bytes freed; the next fused operation allocates again. Local to this
+/// rank; operations in flight are not disturbed.
+#[pyfunction]
+fn release_buffers(py: Python<'_>) -> PyResult<usize> {
+    let kolo = engine(py)?;
+    py.detach(|| kolo.release_buffers())
+        .map_err(|e| raise(py, e))
+}
+
 #[pymodule]
 fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init, m)?)?;
@@ -114,6 +125,7 @@ fn _kolo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(local_size, m)?)?;
     m.add_function(wrap_pyfunction!(gpu, m)?)?;
     m.add_function(wrap_pyfunction!(mpi_threads_supported, m)?)?;
+    m.add_function(wrap_pyfunction!(release_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(ops::allreduce, m)?)?;
     m.add_function(wrap_pyfunction!(ops::allreduce_async, m)?)?;
     m.add_function(wrap_pyfunction!(ops::grouped_allreduce_async, m)?)?;

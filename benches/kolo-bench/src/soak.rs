@@ -4,7 +4,10 @@
 //! through the engine, step after step, checks every result against a
 //! reference computed from the known inputs, and samples the process's
 //! resident memory between steps (no rank mid-step, the allocator's free
-//! memory returned first). All ranks draw the same plan from the seed; each
+//! memory returned first) twice: with the engines' fusion buffers, which
+//! follow the sizes the last steps fused, and after every rank released
+//! them ([`Kolo::release_buffers`]), which leaves what kolo holds for
+//! good — the series a leak would raise. All ranks draw the same plan from the seed; each
 //! shuffles its own submission order; they agree once per step whether
 //! the time is up, so every rank runs the same steps.
 
@@ -40,8 +43,11 @@ pub struct SoakReport {
     pub wrong: u64,
     /// The first wrong result, described.
     pub first_wrong: Option<String>,
-    /// `(seconds since the start, resident KiB)`, sampled.
+    /// `(seconds since the start, resident KiB)` after every rank
+    /// released its fusion buffers, sampled (rank 0).
     pub rss: Vec<(f64, u64)>,
+    /// The resident KiB just before, with the fusion buffers (rank 0).
+    pub rss_cached: Vec<u64>,
     /// This rank's fusion buffers in KiB at each sample (every rank).
     pub fusion_kib: Vec<u64>,
 }
@@ -515,11 +521,18 @@ pub fn soak_rank(kolo: &Kolo, options: &SoakOptions) -> Result<SoakReport, Error
         kolo.allreduce("soak.step", &mut word, ReduceOp::Max)?;
         stop[0] = word[0] & 1;
         if word[0] & 2 != 0 {
-            // Every rank's step is over and its buffers freed: rank 0
-            // samples what the process holds while the others wait.
+            // Every rank's step is over and its own buffers freed: rank 0
+            // samples what the process holds while the others wait, then
+            // again once every rank released its fusion buffers.
             report
                 .fusion_kib
                 .push(kolo.stats().fusion_buffer_bytes >> 10);
+            if kolo.rank() == 0 {
+                report.rss_cached.push(held_kib());
+            }
+            kolo.barrier()?;
+            kolo.release_buffers()?;
+            kolo.barrier()?;
             if kolo.rank() == 0 {
                 report.rss.push((elapsed.as_secs_f64(), held_kib()));
                 next_sample = elapsed + options.sample_every;
@@ -553,6 +566,7 @@ mod tests {
             );
         }
         assert!(reports[0].operations > reports[0].steps && !reports[0].rss.is_empty());
+        assert_eq!(reports[0].rss.len(), reports[0].rss_cached.len());
     }
 
     #[test]

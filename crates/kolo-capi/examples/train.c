@@ -209,6 +209,11 @@ int main(void) {
         "an allreduce after the errors");
   kolo_release(h);
 
+  uint64_t freed = 1;
+  CHECK(kolo_release_buffers(&freed) == KOLO_OK && kolo_release_buffers(&freed) == KOLO_OK &&
+            freed == 0,
+        "kolo_release_buffers, twice");
+
   int32_t joined = -1;
   CHECK(kolo_join(&joined) == KOLO_OK && joined >= 0 && joined < size, "join");
   CHECK(kolo_shutdown() == KOLO_OK, "kolo_shutdown");

@@ -189,6 +189,15 @@ int32_t kolo_barrier(void);
 // `last_rank` is null or writable.
 int32_t kolo_join(int32_t *last_rank);
 
+// Frees this rank's fusion buffers now (host and GPU), as
+// `torch.cuda.empty_cache()` empties PyTorch's cache; the next fused
+// operation allocates again. Writes the bytes freed to `freed` (unless
+// null). Local to this rank; operations in flight are not disturbed.
+//
+// # Safety
+// `freed` is null or writable.
+int32_t kolo_release_buffers(uint64_t *freed);
+
 // `KOLO_IN_PROGRESS` while `handle`'s operation is in flight, then
 // `KOLO_OK` or its error (until released).
 int32_t kolo_poll(int64_t handle);

@@ -172,6 +172,25 @@ pub unsafe extern "C" fn kolo_join(last_rank: *mut i32) -> i32 {
     })
 }
 
+/// Frees this rank's fusion buffers now (host and GPU), as
+/// `torch.cuda.empty_cache()` empties PyTorch's cache; the next fused
+/// operation allocates again. Writes the bytes freed to `freed` (unless
+/// null). Local to this rank; operations in flight are not disturbed.
+///
+/// # Safety
+/// `freed` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kolo_release_buffers(freed: *mut u64) -> i32 {
+    guard(|| {
+        let bytes = table::engine()?.release_buffers()?;
+        if !freed.is_null() {
+            // SAFETY: non-null and writable (the contract).
+            unsafe { *freed = bytes as u64 };
+        }
+        Ok(KOLO_OK)
+    })
+}
+
 /// The status of an outcome, its message left for `kolo_last_error`.
 fn status_of(outcome: &table::Outcome) -> Result<i32, Failure> {
     match outcome {

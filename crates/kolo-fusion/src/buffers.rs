@@ -29,8 +29,11 @@ pub const DEFAULT_BUFFER_BUDGET: usize = 256 << 20;
 ///   allocating past it first frees the least recently used other
 ///   buffers (a single request larger than the budget is still served,
 ///   its buffer then the only one kept);
-/// - every 64 requests, a buffer that served no request in that window,
-///   or held more than four times the largest one it served, is freed.
+/// - at the end of every window of 64 requests or 4,096
+///   [ticks](Self::tick), a buffer that served no request in that window,
+///   or held more than 1.5 times the largest one it served, is freed;
+/// - [`release`](Self::release) frees them all at once, for an owner
+///   that empties its caches between phases of a job.
 ///
 /// A repeated training step uses each of its buffers at full size in every
 /// window, and keeps them while they fit the budget together.
@@ -199,6 +202,16 @@ impl<M: Memory> FusionBuffers<M> {
     pub fn bytes_allocated(&self) -> usize {
         self.retention.total()
     }
+
+    /// Frees every buffer now, as a job empties its caches between phases
+    /// (training, then evaluation): the next fused operation allocates
+    /// again at the size it needs. Returns the bytes freed.
+    pub fn release(&mut self) -> usize {
+        let bytes = self.retention.total();
+        let freed = self.retention.release_all();
+        self.free(freed);
+        bytes
+    }
 }
 
 impl FusionBuffers<Host> {
@@ -253,6 +266,19 @@ mod tests {
         assert_eq!(bufs.get::<i64>(Device::Cpu, 3).len(), 3);
         assert_eq!(bufs.bytes_allocated(), 10 * 8);
         assert_eq!(bufs.get::<i64>(Device::Cpu, 10)[9], 7);
+    }
+
+    #[test]
+    fn release_frees_every_buffer_and_the_next_request_allocates_again() {
+        let mut bufs = FusionBuffers::new();
+        bufs.get::<i64>(Device::Cpu, 10);
+        bufs.get::<f32>(Device::Cuda(1), 4);
+        assert_eq!(bufs.release(), 10 * 8 + 4 * 4);
+        assert_eq!(bufs.bytes_allocated(), 0);
+        assert!(bufs.buffers.is_empty());
+        assert_eq!(bufs.release(), 0);
+        assert_eq!(bufs.get::<i64>(Device::Cpu, 3).len(), 3);
+        assert_eq!(bufs.bytes_allocated(), 3 * 8);
     }
 
     #[test]

@@ -128,6 +128,13 @@ impl<K: Copy + Eq> Retention<K> {
         self.position(key).map(|i| self.held[i].bytes)
     }
 
+    /// Gives up every slot at once (the owner empties its cache); the
+    /// windows go on as they were. Returns the slots to free.
+    pub(crate) fn release_all(&mut self) -> Vec<K> {
+        self.total = 0;
+        self.held.drain(..).map(|h| h.key).collect()
+    }
+
     fn position(&self, key: K) -> Option<usize> {
         self.held.iter().position(|h| h.key == key)
     }

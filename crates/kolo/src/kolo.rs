@@ -232,6 +232,37 @@ impl Kolo {
         })
     }
 
+    /// Frees this rank's fusion buffers now, host and device, and returns
+    /// the bytes freed — as `torch.cuda.empty_cache()` empties PyTorch's.
+    ///
+    /// The engine keeps its fusion buffers between steps so that a
+    /// repeated step allocates nothing, and trims them as the sizes it
+    /// fuses shrink; a job moving to another phase (evaluation after
+    /// training, a checkpoint) may want the memory back at once. The next
+    /// fused operation allocates again at the size it needs. Local to this
+    /// rank: nothing is sent to the others. Operations in flight are not
+    /// disturbed: the engine frees the buffers between two cycles.
+    ///
+    /// ```
+    /// kolo::threads::run(2, kolo::Config::default(), |kolo| {
+    ///     let group = kolo::TensorGroup::new(["w", "b"])?;
+    ///     let mut grads = vec![vec![1.0f32; 1 << 16], vec![1.0f32; 8]];
+    ///     kolo.allreduce_group(&group, grads.iter_mut(), kolo::ReduceOp::Sum)?;
+    ///     kolo.release_buffers()?;
+    ///     assert_eq!(kolo.stats().fusion_buffer_bytes, 0);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), kolo::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::ShutDown`] (or the failure that stopped it) once the engine
+    /// stopped, and [`Error::Timeout`] if it does not get between two
+    /// cycles within [`Config::timeout`].
+    pub fn release_buffers(&self) -> Result<usize, Error> {
+        self.runtime.release_buffers()
+    }
+
     /// True once the engine stopped (shut down, aborted or failed); every
     /// later operation errs.
     pub fn is_shut_down(&self) -> bool {

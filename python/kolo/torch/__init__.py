@@ -43,6 +43,7 @@ from kolo import (  # noqa: F401 - re-exported
     mpi_threads_supported,
     poll,
     rank,
+    release_buffers,
     shutdown,
     size,
     synchronize,
@@ -222,7 +223,8 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
 __all__ = [
     "Sum", "Average", "Min", "Max", "Product", "Compression",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "mpi_threads_supported", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "mpi_threads_supported", "release_buffers", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async_",
     "broadcast", "broadcast_", "broadcast_async_", "allgather", "allgather_async",
     "reduce_scatter", "reduce_scatter_async", "alltoall", "alltoall_async",

@@ -58,6 +58,12 @@ def main():
     group = [np.full(5, float(r), dtype=np.float32), np.full(3, 1.0, dtype=np.float32)]
     kolo.grouped_allreduce(group, op=kolo.Sum, names=["group.a", "group.b"])
     check((group[0] == n * (n - 1) / 2).all() and (group[1] == n).all(), f"group: {group}")
+    # The fusion buffers freed; the next fused step allocates again.
+    freed = kolo.release_buffers()
+    check(isinstance(freed, int) and freed >= 0, f"release_buffers: {freed}")
+    check(kolo.release_buffers() == 0, "a second release_buffers frees nothing")
+    kolo.grouped_allreduce(group, op=kolo.Sum, names=["group.a", "group.b"])
+    check((group[0] == n * n * (n - 1) / 2).all() and (group[1] == n * n).all(), f"group again: {group}")
 
     # The other collectives.
     b = np.full(4, float(r), dtype=np.float64)

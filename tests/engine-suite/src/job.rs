@@ -18,6 +18,7 @@ const MAIN: &[Case] = &[
     Case::new("reduce_scatter", ops::reduce_scatters),
     Case::new("alltoall", ops::alltoalls),
     Case::new("group_and_barrier", ops::group_and_barrier),
+    Case::new("release_buffers", ops::release_buffers),
     Case::new(
         "shuffled_submission_orders",
         ops::shuffled_submission_orders,

@@ -184,6 +184,44 @@ pub fn alltoalls(kolo: &Kolo) -> Result<Digest, Error> {
     Ok(None)
 }
 
+/// Releasing the fusion buffers between steps: what the fused operations
+/// of a step left is freed (the stats then say none are held), and the
+/// steps after it allocate again and compute right. Three gathers
+/// submitted together fuse into one buffer on every backend when they
+/// reach the same cycle, which some of the steps' are sure to.
+pub fn release_buffers(kolo: &Kolo) -> Result<Digest, Error> {
+    let (r, n) = (kolo.rank(), kolo.size());
+    let group = TensorGroup::new(["release/a", "release/b"])?;
+    let mut freed = 0;
+    for step in 0..20 {
+        let mut bufs = [vec![r as f32 + 1.0; 1000], vec![1.0; 257]];
+        kolo.allreduce_group(&group, bufs.iter_mut(), ReduceOp::Sum)?;
+        assert_eq!(bufs[0], vec![(n * (n + 1) / 2) as f32; 1000], "step {step}");
+        assert_eq!(bufs[1], vec![n as f32; 257], "step {step}");
+        let rows: Vec<Vec<i32>> = (0..3).map(|t| vec![(r * 10 + t) as i32; t + 1]).collect();
+        let gathered = kolo.scope(|s| {
+            let handles = (0..3)
+                .map(|t| s.allgather_async(&format!("release/g{t}"), &rows[t]))
+                .collect::<Result<Vec<_>, _>>()?;
+            handles
+                .into_iter()
+                .map(|h| h.wait())
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        for (t, got) in gathered.iter().enumerate() {
+            let expected: Vec<i32> = (0..n)
+                .flat_map(|q| vec![(q * 10 + t) as i32; t + 1])
+                .collect();
+            assert_eq!(got, &expected, "step {step}, gather {t}");
+        }
+        freed += kolo.release_buffers()?;
+        assert_eq!(kolo.stats().fusion_buffer_bytes, 0, "step {step}");
+        assert_eq!(kolo.release_buffers()?, 0, "step {step}");
+    }
+    assert!(n == 1 || freed > 0, "no step left fusion buffers to free");
+    Ok(None)
+}
+
 /// A group of tensors made for one call, 1-D and shaped, and a barrier.
 pub fn group_and_barrier(kolo: &Kolo) -> Result<Digest, Error> {
     let (r, n) = (kolo.rank() as i32, kolo.size() as i32);

@@ -52,6 +52,17 @@ pub(crate) enum Command {
     Shutdown,
     /// Stop at once, as failed, with this message.
     Abort(String),
+    /// Free the fusion buffers between two cycles and answer with the
+    /// bytes freed (see [`crate::Kolo::release_buffers`]).
+    ReleaseBuffers(Sender<usize>),
+}
+
+/// The commands one wait collected.
+#[derive(Default)]
+struct Collected {
+    shutdown: bool,
+    abort: Option<String>,
+    releases: Vec<Sender<usize>>,
 }
 
 /// Fails the backend when the rank aborts.
@@ -132,8 +143,12 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
                 }
                 None => self.cycle_time,
             };
-            let (shutdown, abort) = self.collect(wait);
-            let mut core = if shutdown || abort.is_some() {
+            let Collected {
+                shutdown,
+                abort,
+                releases,
+            } = self.collect(wait);
+            let mut core = if shutdown || abort.is_some() || !releases.is_empty() {
                 self.shared.core.lock()
             } else {
                 match self.shared.core.try_lock() {
@@ -143,6 +158,13 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
             };
             if let Some(reason) = &core.stopped {
                 return reason.clone();
+            }
+            if !releases.is_empty() {
+                let bytes = core.release_buffers();
+                for reply in releases {
+                    // A caller that stopped waiting has gone.
+                    let _ = reply.send(bytes);
+                }
             }
             if let Some(message) = abort {
                 if let Some(hook) = self.abort.take() {
@@ -178,8 +200,8 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
     }
 
     /// Takes the commands waiting, blocking up to `wait` for the first one
-    /// when there are none: whether a shutdown was asked, and an abort
-    /// message.
+    /// when there are none: whether a shutdown was asked, an abort
+    /// message, and the callers asking for the buffers to be freed.
     ///
     /// While this rank has requests the other ranks have not all agreed to
     /// yet, `wait` is zero: its peers' submissions wake *their* engines,
@@ -187,8 +209,8 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
     /// collective for this rank would otherwise wait out this rank's cycle
     /// time (up to 1 ms per step). The next cycle's collective itself waits
     /// for the peers (spinning briefly, then yielding, then sleeping).
-    fn collect(&mut self, wait: Duration) -> (bool, Option<String>) {
-        let mut shutdown = false;
+    fn collect(&mut self, wait: Duration) -> Collected {
+        let mut collected = Collected::default();
         let first = if let Some(command) = self.poll_commands(wait) {
             Some(command)
         } else {
@@ -197,20 +219,20 @@ impl<B: Backend, D: PlaneSlot> Background<B, D> {
                 Err(RecvTimeoutError::Timeout) => None,
                 // `Kolo` is gone without a shutdown request: treat it as one.
                 Err(RecvTimeoutError::Disconnected) => {
-                    shutdown = true;
+                    collected.shutdown = true;
                     None
                 }
             }
         };
-        let mut abort = None;
         for command in first.into_iter().chain(self.commands.try_iter()) {
             match command {
                 Command::Wake => {}
-                Command::Shutdown => shutdown = true,
-                Command::Abort(message) => abort = Some(message),
+                Command::Shutdown => collected.shutdown = true,
+                Command::Abort(message) => collected.abort = Some(message),
+                Command::ReleaseBuffers(reply) => collected.releases.push(reply),
             }
         }
-        (shutdown, abort)
+        collected
     }
 
     /// Polls the channel, yielding the CPU, for up to the poll budget

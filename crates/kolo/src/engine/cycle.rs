@@ -123,6 +123,20 @@ impl<B: Backend, D: PlaneSlot> Core<B, D> {
         self.performer.rank
     }
 
+    /// Frees the fusion buffers of the host and the device plane (see
+    /// [`crate::Kolo::release_buffers`]); returns the bytes freed. Between
+    /// cycles no operation holds one, so none is in use.
+    pub(crate) fn release_buffers(&mut self) -> usize {
+        let host = self.performer.buffers.release();
+        self.performer.shared.stats.lock().fusion_buffer_bytes = 0;
+        let device = self
+            .performer
+            .device
+            .plane()
+            .map_or(0, |plane| plane.release_buffers());
+        host + device
+    }
+
     /// True once the engine stopped.
     pub(crate) fn is_stopped(&self) -> bool {
         self.stopped.is_some()

@@ -301,6 +301,40 @@ impl Runtime {
         self.shared.autotune.lock().clone()
     }
 
+    /// Asks the engine to free its fusion buffers between two cycles and
+    /// waits for it, at most the operation timeout (a busy engine frees
+    /// them after its current cycle). Returns the bytes freed.
+    pub(crate) fn release_buffers(&self) -> Result<usize, Error> {
+        let stopped = || {
+            self.shared
+                .table
+                .lock()
+                .closed()
+                .cloned()
+                .unwrap_or(Error::ShutDown {
+                    by_ranks: Vec::new(),
+                })
+        };
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        if self.commands.send(Command::ReleaseBuffers(reply)).is_err() {
+            return Err(stopped());
+        }
+        let answered = match self.timeout {
+            Some(timeout) => answer.recv_timeout(timeout).map_err(|e| e.is_timeout()),
+            None => answer.recv().map_err(|_| false),
+        };
+        match answered {
+            Ok(bytes) => Ok(bytes),
+            Err(true) => Err(Error::Timeout {
+                tensor: "kolo.release_buffers".into(),
+                after: self.timeout.unwrap_or_default(),
+                report: "the engine did not finish its cycle to free the fusion buffers".into(),
+            }),
+            // The engine stopped before it got to the request.
+            Err(false) => Err(stopped()),
+        }
+    }
+
     /// True once the engine stopped (shut down, aborted or failed).
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shared.table.lock().closed().is_some()

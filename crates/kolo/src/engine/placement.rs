@@ -111,6 +111,10 @@ pub(crate) trait DevicePlane {
         order: &Order,
         completion: Arc<Completion>,
     );
+
+    /// Frees the plane's device fusion buffers (in stream order, behind
+    /// the work that may still use them); returns the bytes freed.
+    fn release_buffers(&mut self) -> usize;
 }
 
 /// Where an engine keeps its GPU data plane, if it may have one. A host

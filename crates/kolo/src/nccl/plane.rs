@@ -269,6 +269,10 @@ impl DevicePlane for NcclPlane {
         self.comm.device().ordinal()
     }
 
+    fn release_buffers(&mut self) -> usize {
+        self.buffers.release()
+    }
+
     fn perform(
         &mut self,
         kind: RequestKind,

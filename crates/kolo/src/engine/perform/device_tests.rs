@@ -24,7 +24,12 @@ struct Asked {
     one_by_one: AtomicUsize,
     /// Whole submissions allreduced at once.
     whole: AtomicUsize,
+    /// Requests to free the device fusion buffers.
+    released: AtomicUsize,
 }
+
+/// The bytes the recording plane says each release freed.
+const RELEASED_BYTES: usize = 4096;
 
 struct Recording(Arc<Asked>);
 
@@ -49,6 +54,11 @@ impl DevicePlane for Recording {
     fn allreduce_whole(&mut self, _: &Response, _: Inputs, _: &Order, completion: Arc<Completion>) {
         self.0.whole.fetch_add(1, Ordering::Relaxed);
         completion.complete_all_ok();
+    }
+
+    fn release_buffers(&mut self) -> usize {
+        self.0.released.fetch_add(1, Ordering::Relaxed);
+        RELEASED_BYTES
     }
 }
 
@@ -130,4 +140,21 @@ fn a_repeated_device_group_goes_whole_after_the_cache_evicted_others() {
     let one_by_one = asked.one_by_one.load(Ordering::Relaxed);
     assert!(whole >= 4, "whole {whole}, one by one {one_by_one}");
     kolo.shutdown().unwrap();
+}
+
+#[test]
+fn releasing_the_buffers_reaches_the_device_plane() {
+    let asked = Arc::new(Asked::default());
+    let kolo = engine(&asked);
+    let group = TensorGroup::new((0..8).map(|t| format!("g{t}"))).unwrap();
+    submit_group(&kolo, &group).unwrap();
+    // No host buffer was used: the bytes are the plane's.
+    assert_eq!(kolo.release_buffers().unwrap(), RELEASED_BYTES);
+    assert_eq!(asked.released.load(Ordering::Relaxed), 1);
+    submit_group(&kolo, &group).unwrap();
+    kolo.shutdown().unwrap();
+    assert!(matches!(
+        kolo.release_buffers(),
+        Err(Error::ShutDown { .. })
+    ));
 }

@@ -157,6 +157,7 @@
 mod board;
 mod bootstrap;
 mod copy_plan;
+pub mod crossover;
 mod cuda_backend;
 mod error;
 mod kernels;
@@ -193,3 +194,5 @@ pub use safe::work::Work;
 
 #[doc(hidden)]
 pub use safe::baseline::Bare;
+#[doc(hidden)]
+pub use safe::peer_local::LocalPeerRanks;

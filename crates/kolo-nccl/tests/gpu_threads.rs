@@ -1,10 +1,15 @@
 //! Thread mode on real GPUs: one thread per GPU in this process, for 1 and
 //! 2 GPUs (or `--gpus N`, repeatable). Every device operation, transactions,
-//! copy engines and the conformance suite through `HostStaging`. Without a
+//! copy engines and the conformance suite through `HostStaging`; then the
+//! peer allreduce kernels on simulated ranks of one GPU (`--peer` runs
+//! only those, `--peer-bench` adds their one-GPU timings). Without a
 //! GPU it prints `skipped: no CUDA device (reason)` and exits 0. The
 //! timings are the `nccl_bench` benchmark's.
 
 mod gpu;
+// Only this binary runs the simulated ranks (one GPU is enough).
+#[path = "gpu/peer_allreduce.rs"]
+mod peer_allreduce;
 
 use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
@@ -19,6 +24,15 @@ fn main() {
             return;
         }
     };
+    if args.iter().any(|a| a == "--peer" || a == "--peer-bench") {
+        let ok = run_peer(args.iter().any(|a| a == "--peer-bench"));
+        if !ok {
+            println!("gpu_threads: FAILED");
+            std::process::exit(1);
+        }
+        println!("gpu_threads: all checks passed");
+        return;
+    }
     let mut wanted: Vec<usize> = args
         .windows(2)
         .filter(|w| w[0] == "--gpus")
@@ -35,11 +49,38 @@ fn main() {
         }
         ok &= run_threads(n);
     }
+    ok &= run_peer(false);
     if !ok {
         println!("gpu_threads: FAILED");
         std::process::exit(1);
     }
     println!("gpu_threads: all checks passed");
+}
+
+/// The peer allreduce kernels on simulated ranks of GPU 0 (see
+/// `gpu/peer_allreduce.rs`), and their one-GPU timings with `bench`.
+fn run_peer(bench: bool) -> bool {
+    println!("== peer allreduce kernels, simulated ranks on GPU 0 ==");
+    let device = match kolo_nccl::Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("FAIL peer allreduce: open GPU 0: {e}");
+            return false;
+        }
+    };
+    let mut report = Report::new(0);
+    peer_allreduce::run(device.context(), &mut report);
+    if bench {
+        if let Err(e) = peer_allreduce::bench(device.context()) {
+            report.check("peer allreduce timings", Err(e));
+        }
+    }
+    println!(
+        "peer allreduce: {} passed, {} failed",
+        report.passed,
+        report.failed.len()
+    );
+    report.ok()
 }
 
 fn run_threads(n: usize) -> bool {

@@ -12,9 +12,11 @@
 //! by `tests/` (a PTX interpreter runs the kernels against the host
 //! reference); the others load and launch them on a communicator's stream.
 
+pub(crate) mod allreduce_ptx;
 pub(crate) mod batched_copy;
 pub(crate) mod copy_ptx;
 pub(crate) mod module;
+pub(crate) mod peer_allreduce;
 pub(crate) mod scale;
 pub(crate) mod scale_ptx;
 

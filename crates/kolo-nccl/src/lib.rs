@@ -205,4 +205,6 @@ pub use safe::work::Work;
 #[doc(hidden)]
 pub use safe::baseline::Bare;
 #[doc(hidden)]
+pub use safe::peer_group::PeerGroup;
+#[doc(hidden)]
 pub use safe::peer_local::LocalPeerRanks;

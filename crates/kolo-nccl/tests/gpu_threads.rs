@@ -10,6 +10,8 @@ mod gpu;
 // Only this binary runs the simulated ranks (one GPU is enough).
 #[path = "gpu/peer_allreduce.rs"]
 mod peer_allreduce;
+#[path = "gpu/peer_group.rs"]
+mod peer_group;
 
 use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
@@ -74,6 +76,40 @@ fn run_peer(check: bool, bench: bool) -> bool {
     let mut report = Report::new(0);
     if check {
         peer_allreduce::run(device.context(), &mut report);
+        // Registration as thread mode does it: threads of this process.
+        for ranks in [2, 4] {
+            let outcome = kolo_threads::communicators(ranks)
+                .map_err(|e| e.to_string())
+                .map(|ctrls| {
+                    std::thread::scope(|s| {
+                        let handles: Vec<_> = ctrls
+                            .into_iter()
+                            .map(|mut ctrl| {
+                                s.spawn(move || {
+                                    let mut r = Report::new(ctrl.rank());
+                                    peer_group::run(
+                                        &mut ctrl,
+                                        kolo_nccl::Mode::ThreadPerGpu,
+                                        &mut r,
+                                    );
+                                    r
+                                })
+                            })
+                            .collect();
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().map_err(|_| "a rank panicked".to_string()))
+                            .collect::<Result<Vec<Report>, String>>()
+                    })
+                });
+            let outcome = outcome.and_then(|r| r).and_then(|reports| {
+                match reports.iter().find(|r| !r.ok()) {
+                    Some(r) => Err(r.failed.join("; ")),
+                    None => Ok(()),
+                }
+            });
+            report.check(&format!("peer group of {ranks} threads"), outcome);
+        }
     }
     if bench {
         if let Err(e) = peer_allreduce::bench(device.context()) {

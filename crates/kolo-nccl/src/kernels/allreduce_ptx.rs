@@ -10,10 +10,19 @@
 //!   signals, waits for every peer, then reduces all `world` buffers into
 //!   its output (each rank reads `world * n` elements);
 //! - **two-shot**: the same copy and wait, then rank `r` reduces only its
-//!   slice `r` (`[r * chunk, (r + 1) * chunk)`, `chunk = ceil(n / world)`)
-//!   from every buffer, writes it over its own buffer's slice `r` and into
-//!   its output, signals again, waits again and gathers the other slices
-//!   from their owners' buffers (reduce-scatter then all-gather).
+//!   slice `r` (`[r * chunk, (r + 1) * chunk)` units, `chunk = ceil(units
+//!   / world)`) from every buffer, writes it over its own buffer's slice
+//!   `r` and into its output, signals again, waits again and gathers the
+//!   other slices from their owners' buffers (reduce-scatter then
+//!   all-gather).
+//!
+//! Both move 16-byte *units* (4 f32 or 8 halves, `ld.global.v4.u32`):
+//! the registered buffers always (their data regions are 256-byte
+//! aligned), inputs and outputs when they are 16-byte aligned and element
+//! by element otherwise (each rank decides for its own pointers: the
+//! positions every CTA covers do not depend on it). The last `n % lanes`
+//! elements (the *tail*) go element by element, copied in before the first
+//! wait and reduced by every rank itself (see [`crate::kernels::allreduce_units`]).
 //!
 //! # Arithmetic
 //!
@@ -61,7 +70,8 @@
 //! `(out, in, peer0 .. peer7, rank, world, n, chunk, epoch, data_off,
 //! factor)`: all u64 but `factor` (f64). `peerK` is rank `K`'s registered
 //! buffer as this device addresses it (unused ones may be 0), `n` the
-//! element count, `chunk` the two-shot slice length (ignored by one-shot),
+//! element count, `chunk` the two-shot slice length in units ([`chunk`],
+//! ignored by one-shot),
 //! `data_off` the byte offset of this call's region ([`data_offset`]).
 //! `out == in` reduces in place; both are any element-aligned addresses.
 //! The grid must have at least [`MAX_RANKS`] threads per CTA and at most
@@ -71,6 +81,7 @@
 //! runs simulated ranks with interleaved CTAs), run on a GPU by the crate's
 //! GPU test binaries.
 
+use crate::kernels::allreduce_units::Emitter;
 use crate::kernels::scale_ptx::{PTX_TARGET, PTX_VERSION};
 use kolo_protocol::DataType;
 use std::fmt::Write;
@@ -129,69 +140,6 @@ impl ArDtype {
             ArDtype::F16 | ArDtype::Bf16 => 1,
         }
     }
-
-    /// The raw bits' register and load / store type.
-    fn raw(self) -> (&'static str, &'static str) {
-        match self {
-            ArDtype::F32 => ("%r1", "u32"),
-            ArDtype::F16 | ArDtype::Bf16 => ("%rs1", "u16"),
-        }
-    }
-
-    /// `%f3 = widen([addr])`, loaded past L1 (`.cg`: peers' memory).
-    fn load_f32(self, addr: &str) -> Vec<String> {
-        match self {
-            ArDtype::F32 => vec![format!("ld.global.cg.f32 %f3, [{addr}];")],
-            ArDtype::F16 => vec![
-                format!("ld.global.cg.u16 %rs2, [{addr}];"),
-                "cvt.f32.f16 %f3, %rs2;".into(),
-            ],
-            // bf16 is the top half of an f32: widening is a shift.
-            ArDtype::Bf16 => vec![
-                format!("ld.global.cg.u16 %rs2, [{addr}];"),
-                "cvt.u32.u16 %r2, %rs2;".into(),
-                "shl.b32 %r2, %r2, 16;".into(),
-                "mov.b32 %f3, %r2;".into(),
-            ],
-        }
-    }
-
-    /// Rounds the f32 accumulator `%f2` to the type (in `%f2` for f32,
-    /// `%rs3` for halves).
-    fn narrow(self) -> Vec<String> {
-        match self {
-            ArDtype::F32 => vec![],
-            ArDtype::F16 => vec!["cvt.rn.f16.f32 %rs3, %f2;".into()],
-            ArDtype::Bf16 => vec!["cvt.rn.bf16.f32 %rs3, %f2;".into()],
-        }
-    }
-
-    /// Scales the narrowed value by `%f1` (kolo's `Element::scale`).
-    fn scale(self) -> Vec<String> {
-        match self {
-            ArDtype::F32 => vec!["mul.rn.f32 %f2, %f2, %f1;".into()],
-            ArDtype::F16 => vec![
-                "cvt.f32.f16 %f2, %rs3;".into(),
-                "mul.rn.f32 %f2, %f2, %f1;".into(),
-                "cvt.rn.f16.f32 %rs3, %f2;".into(),
-            ],
-            ArDtype::Bf16 => vec![
-                "cvt.u32.u16 %r2, %rs3;".into(),
-                "shl.b32 %r2, %r2, 16;".into(),
-                "mov.b32 %f2, %r2;".into(),
-                "mul.rn.f32 %f2, %f2, %f1;".into(),
-                "cvt.rn.bf16.f32 %rs3, %f2;".into(),
-            ],
-        }
-    }
-
-    /// Stores the result at `addr`.
-    fn store_result(self, addr: &str) -> String {
-        match self {
-            ArDtype::F32 => format!("st.global.f32 [{addr}], %f2;"),
-            ArDtype::F16 | ArDtype::Bf16 => format!("st.global.u16 [{addr}], %rs3;"),
-        }
-    }
 }
 
 /// One kernel of the module.
@@ -213,132 +161,6 @@ pub fn param_names() -> Vec<String> {
             .map(|s| s.to_string()),
     );
     names
-}
-
-/// Emits instructions and unique labels.
-struct Emitter {
-    name: &'static str,
-    lines: Vec<String>,
-    labels: usize,
-}
-
-impl Emitter {
-    fn op(&mut self, line: impl AsRef<str>) {
-        self.lines.push(format!("    {}", line.as_ref()));
-    }
-    fn ops(&mut self, lines: impl IntoIterator<Item = String>) {
-        for l in lines {
-            self.op(l);
-        }
-    }
-    fn label(&mut self, what: &str) -> String {
-        self.labels += 1;
-        format!("{}_{what}{}", self.name, self.labels)
-    }
-    fn place(&mut self, label: &str) {
-        self.lines.push(format!("{label}:"));
-    }
-
-    /// `%rd40 = lo + i0; while %rd40 < hi { %rd41 = byte offset; body;
-    /// %rd40 += stride }`: the positions of this CTA's threads in
-    /// `[lo, hi)`, the same on every rank.
-    fn slice_loop(&mut self, lo: &str, hi: &str, shift: u32, body: &[String]) {
-        let (top, end) = (self.label("loop"), self.label("end"));
-        self.op(format!("add.u64 %rd40, %rd11, {lo};"));
-        self.place(&top);
-        self.op(format!("setp.ge.u64 %p1, %rd40, {hi};"));
-        self.op(format!("@%p1 bra {end};"));
-        self.op(format!("shl.b64 %rd41, %rd40, {shift};"));
-        self.ops(body.iter().cloned());
-        self.op("add.u64 %rd40, %rd40, %rd12;");
-        self.op(format!("bra {top};"));
-        self.place(&end);
-    }
-
-    /// `dst = peerK` (data base `%rd3K` when `data`, else `%rd2K`) for the
-    /// rank held in `index`.
-    fn select_peer(&mut self, dst: &str, index: &str, data: bool) {
-        let base = if data { 30 } else { 20 };
-        for k in 0..MAX_RANKS {
-            self.op(format!("setp.eq.u64 %p2, {index}, {k};"));
-            self.op(format!("@%p2 mov.u64 {dst}, %rd{};", base + k));
-        }
-    }
-
-    /// `%rd50 = lo`, `%rd51 = hi` of slice `s` (a register or a number).
-    fn slice_bounds(&mut self, s: &str) {
-        self.op(format!("mul.lo.u64 %rd50, %rd7, {s};"));
-        self.op("min.u64 %rd50, %rd50, %rd3;");
-        self.op("add.u64 %rd51, %rd50, %rd7;");
-        self.op("min.u64 %rd51, %rd51, %rd3;");
-    }
-
-    /// Phase `phase`'s signal and wait (see the module doc).
-    fn barrier(&mut self, phase: usize) {
-        let (signalled, waited, spin) = (self.label("sig"), self.label("wait"), self.label("spin"));
-        self.op("bar.sync 0;");
-        self.op("setp.ge.u64 %p3, %rd14, %rd5;");
-        self.op(format!("@%p3 bra {signalled};"));
-        // Slot [phase][ctaid][rank] of peer `tid`'s buffer.
-        self.select_peer("%rd42", "%rd14", false);
-        self.op(format!(
-            "add.u64 %rd43, %rd13, {};",
-            phase * MAX_BLOCKS as usize
-        ));
-        self.op(format!(
-            "shl.b64 %rd43, %rd43, {};",
-            MAX_RANKS.trailing_zeros()
-        ));
-        self.op("add.u64 %rd43, %rd43, %rd4;");
-        self.op("shl.b64 %rd43, %rd43, 3;");
-        self.op("add.u64 %rd42, %rd42, %rd43;");
-        self.op("fence.acq_rel.sys;");
-        self.op("st.relaxed.sys.global.u64 [%rd42], %rd6;");
-        self.place(&signalled);
-        self.op(format!("@%p3 bra {waited};"));
-        // Slot [phase][ctaid][tid] of this rank's buffer.
-        self.op(format!(
-            "add.u64 %rd44, %rd13, {};",
-            phase * MAX_BLOCKS as usize
-        ));
-        self.op(format!(
-            "shl.b64 %rd44, %rd44, {};",
-            MAX_RANKS.trailing_zeros()
-        ));
-        self.op("add.u64 %rd44, %rd44, %rd14;");
-        self.op("shl.b64 %rd44, %rd44, 3;");
-        self.op("add.u64 %rd44, %rd9, %rd44;");
-        self.place(&spin);
-        self.op("ld.acquire.sys.global.u64 %rd45, [%rd44];");
-        self.op("setp.lt.u64 %p4, %rd45, %rd6;");
-        self.op(format!("@%p4 bra {spin};"));
-        self.op("fence.acq_rel.sys;");
-        self.place(&waited);
-        self.op("bar.sync 0;");
-    }
-
-    /// The loop body reducing element `%rd41` (byte offset) of every rank's
-    /// data into `%f2` / `%rs3`, scaled; stores are the caller's.
-    fn reduce_body(&mut self, dtype: ArDtype) -> Vec<String> {
-        let mut body = vec!["add.u64 %rd46, %rd30, %rd41;".to_string()];
-        body.extend(dtype.load_f32("%rd46"));
-        body.push("mov.f32 %f2, %f3;".into());
-        let done = self.label("summed");
-        for k in 1..MAX_RANKS {
-            body.push(format!("setp.le.u64 %p5, %rd5, {k};"));
-            body.push(format!("@%p5 bra {done};"));
-            body.push(format!("add.u64 %rd46, %rd{}, %rd41;", 30 + k));
-            body.extend(dtype.load_f32("%rd46"));
-            body.push("add.rn.f32 %f2, %f2, %f3;".into());
-        }
-        body.push(format!("{done}:"));
-        body.extend(dtype.narrow());
-        let unscaled = self.label("unscaled");
-        body.push(format!("@%p9 bra {unscaled};"));
-        body.extend(dtype.scale());
-        body.push(format!("{unscaled}:"));
-        body
-    }
 }
 
 impl AllreduceKernel {
@@ -385,11 +207,11 @@ impl AllreduceKernel {
         e.lines.push(")".into());
         e.lines.push("{".into());
         for decl in [
-            ".reg .pred %p<10>;",
-            ".reg .b16 %rs<4>;",
-            ".reg .b32 %r<5>;",
+            ".reg .pred %p<11>;",
+            ".reg .b16 %rs<12>;",
+            ".reg .b32 %r<10>;",
             ".reg .b64 %rd<52>;",
-            ".reg .f32 %f<4>;",
+            ".reg .f32 %f<28>;",
             ".reg .f64 %fd<2>;",
         ] {
             e.op(decl);
@@ -438,42 +260,68 @@ impl AllreduceKernel {
         e.op("mul.wide.u32 %rd12, %r4, %r2;");
         e.op("cvt.u64.u32 %rd13, %r1;");
 
+        // %rd15 whole units, %rd16 the first tail element; %p7 / %p8:
+        // input / output not 16-byte aligned.
+        let unit_shift = dtype.unit_shift();
+        e.op(format!("shr.u64 %rd15, %rd3, {unit_shift};"));
+        e.op(format!("shl.b64 %rd16, %rd15, {unit_shift};"));
+        e.op("and.b64 %rd48, %rd2, 15;");
+        e.op("setp.ne.u64 %p7, %rd48, 0;");
+        e.op("and.b64 %rd48, %rd1, 15;");
+        e.op("setp.ne.u64 %p8, %rd48, 0;");
+
         let (raw, raw_ty) = dtype.raw();
-        let copy_in = vec![
+        let copy_in_tail = vec![
             "add.u64 %rd46, %rd2, %rd41;".to_string(),
             format!("ld.global.{raw_ty} {raw}, [%rd46];"),
             "add.u64 %rd47, %rd10, %rd41;".into(),
             format!("st.global.{raw_ty} [%rd47], {raw};"),
         ];
+        let copy_in_unit = |e: &mut Emitter| {
+            let (unaligned, done) = (e.label("in_unaligned"), e.label("in_loaded"));
+            let mut body = vec!["add.u64 %rd46, %rd2, %rd41;".to_string()];
+            body.extend(dtype.unit_load_input("%rd46", &unaligned, &done));
+            body.push("add.u64 %rd47, %rd10, %rd41;".into());
+            body.push("st.global.v4.u32 [%rd47], {%r5, %r6, %r7, %r8};".into());
+            body
+        };
+        let mut tail = e.reduce_body(dtype);
+        tail.push("add.u64 %rd47, %rd1, %rd41;".into());
+        tail.push(dtype.store_result("%rd47"));
         match self.algorithm {
             Algorithm::OneShot => {
-                e.slice_loop("0", "%rd3", shift, &copy_in);
+                let body = copy_in_unit(&mut e);
+                e.slice_loop("0", "%rd15", 4, &body);
+                e.slice_loop("%rd16", "%rd3", shift, &copy_in_tail);
                 e.barrier(0);
-                let mut body = e.reduce_body(dtype);
-                body.push("add.u64 %rd47, %rd1, %rd41;".into());
-                body.push(dtype.store_result("%rd47"));
-                e.slice_loop("0", "%rd3", shift, &body);
+                let mut body = e.unit_reduce_body(dtype);
+                body.extend(e.unit_store_out(dtype));
+                e.slice_loop("0", "%rd15", 4, &body);
+                e.slice_loop("%rd16", "%rd3", shift, &tail);
             }
             Algorithm::TwoShot => {
-                // Copy in slice by slice, so that CTA b holds the same
-                // positions of each slice on every rank.
+                // Copy in slice by slice (of units), so that CTA b holds
+                // the same positions of each slice on every rank.
                 let copied = e.label("copied");
                 for s in 0..MAX_RANKS {
                     e.op(format!("setp.le.u64 %p6, %rd5, {s};"));
                     e.op(format!("@%p6 bra {copied};"));
                     e.slice_bounds(&s.to_string());
-                    e.slice_loop("%rd50", "%rd51", shift, &copy_in);
+                    let body = copy_in_unit(&mut e);
+                    e.slice_loop("%rd50", "%rd51", 4, &body);
                 }
                 e.place(&copied);
+                e.slice_loop("%rd16", "%rd3", shift, &copy_in_tail);
                 e.barrier(0);
-                // Reduce this rank's slice, publish it in place.
+                // Reduce this rank's slice, publish it in place; every
+                // rank reduces the tail itself.
                 e.slice_bounds("%rd4");
-                let mut body = e.reduce_body(dtype);
-                body.push("add.u64 %rd47, %rd1, %rd41;".into());
-                body.push(dtype.store_result("%rd47"));
+                let mut body = e.unit_reduce_body(dtype);
                 body.push("add.u64 %rd47, %rd10, %rd41;".into());
-                body.push(dtype.store_result("%rd47"));
-                e.slice_loop("%rd50", "%rd51", shift, &body);
+                body.push("st.global.v4.u32 [%rd47], {%r5, %r6, %r7, %r8};".into());
+                body.extend(e.unit_store_out(dtype));
+                e.slice_loop("%rd50", "%rd51", 4, &body);
+                e.slice_loop("%rd16", "%rd3", shift, &tail);
                 e.barrier(1);
                 // Gather every other slice from its owner.
                 let gathered = e.label("gathered");
@@ -481,16 +329,15 @@ impl AllreduceKernel {
                     let next = e.label("next");
                     e.op(format!("setp.le.u64 %p6, %rd5, {s};"));
                     e.op(format!("@%p6 bra {gathered};"));
-                    e.op(format!("setp.eq.u64 %p7, %rd4, {s};"));
-                    e.op(format!("@%p7 bra {next};"));
+                    e.op(format!("setp.eq.u64 %p10, %rd4, {s};"));
+                    e.op(format!("@%p10 bra {next};"));
                     e.slice_bounds(&s.to_string());
-                    let body = vec![
+                    let mut body = vec![
                         format!("add.u64 %rd46, %rd{}, %rd41;", 30 + s),
-                        format!("ld.global.cg.{raw_ty} {raw}, [%rd46];"),
-                        "add.u64 %rd47, %rd1, %rd41;".into(),
-                        format!("st.global.{raw_ty} [%rd47], {raw};"),
+                        "ld.global.cg.v4.u32 {%r5, %r6, %r7, %r8}, [%rd46];".into(),
                     ];
-                    e.slice_loop("%rd50", "%rd51", shift, &body);
+                    body.extend(e.unit_store_out(dtype));
+                    e.slice_loop("%rd50", "%rd51", 4, &body);
                     e.place(&next);
                 }
                 e.place(&gathered);
@@ -517,17 +364,18 @@ pub fn module_source() -> String {
     text
 }
 
-/// The two-shot slice length: `ceil(n / world)` (`world >= 1`).
-pub fn chunk(n: usize, world: usize) -> usize {
-    n.div_ceil(world.max(1))
+/// The two-shot slice length in 16-byte units of `dtype`:
+/// `ceil(units / world)` (`world >= 1`).
+pub fn chunk(n: usize, world: usize, dtype: ArDtype) -> usize {
+    (n >> dtype.unit_shift()).div_ceil(world.max(1))
 }
 
-/// `(blocks, threads)` of a launch over `n` elements on `world` ranks:
-/// the same on every rank, at most [`MAX_BLOCKS`] CTAs.
-pub fn launch_dims(algorithm: Algorithm, n: usize, world: usize) -> (u32, u32) {
+/// `(blocks, threads)` of a launch over `n` elements of `dtype` on
+/// `world` ranks: the same on every rank, at most [`MAX_BLOCKS`] CTAs.
+pub fn launch_dims(algorithm: Algorithm, n: usize, world: usize, dtype: ArDtype) -> (u32, u32) {
     let span = match algorithm {
-        Algorithm::OneShot => n,
-        Algorithm::TwoShot => chunk(n, world),
+        Algorithm::OneShot => n >> dtype.unit_shift(),
+        Algorithm::TwoShot => chunk(n, world, dtype),
     };
     let blocks = span
         .div_ceil(BLOCK_THREADS as usize)

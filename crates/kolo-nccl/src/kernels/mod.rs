@@ -16,6 +16,7 @@
 //! reference); the others load and launch them on a communicator's stream.
 
 pub(crate) mod allreduce_ptx;
+pub(crate) mod allreduce_units;
 pub(crate) mod batched_copy;
 pub(crate) mod copy_ptx;
 pub(crate) mod module;

@@ -137,7 +137,7 @@ impl PeerAllreduceModule {
             args.rank as u64,
             args.world as u64,
             args.n as u64,
-            chunk(args.n, args.world) as u64,
+            chunk(args.n, args.world, kernel.dtype) as u64,
             args.epoch,
             data_offset(args.epoch, args.capacity),
         ];
@@ -152,7 +152,7 @@ impl PeerAllreduceModule {
             params.push((s as *mut u64).cast());
         }
         params.push((&mut factor as *mut f64).cast());
-        let (blocks, threads) = launch_dims(args.algorithm, args.n, args.world);
+        let (blocks, threads) = launch_dims(args.algorithm, args.n, args.world, kernel.dtype);
         // SAFETY: `function` takes 16 u64 and one f64, the values `params`
         // points to in order (read by the driver during the call); the
         // kernel touches `n` elements of `input` and `out` and the

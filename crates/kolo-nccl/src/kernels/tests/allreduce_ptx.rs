@@ -164,7 +164,7 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
             rank as u64,
             case.world as u64,
             case.n as u64,
-            chunk(case.n, case.world) as u64,
+            chunk(case.n, case.world, dtype) as u64,
             epoch,
             data_offset(epoch, capacity),
             factor.to_bits(),
@@ -304,7 +304,7 @@ fn every_world_dtype_and_op_matches_the_host() {
     for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
         for world in [2, 3, 4, 8] {
             for op in [ReduceOp::Sum, ReduceOp::Average] {
-                for n in [1, 2, 7, 33] {
+                for n in [1, 2, 7, 33, 70] {
                     seed += 1;
                     check(&case(algorithm, world, n, op, seed));
                 }
@@ -343,7 +343,7 @@ proptest! {
     fn random_cases_match_the_host(
         two_shot in any::<bool>(),
         world in prop::sample::select(vec![2usize, 3, 4, 5, 8]),
-        n in 1usize..48,
+        n in 1usize..90,
         average in any::<bool>(),
         blocks in 1u32..4,
         threads in 8u32..12,
@@ -423,7 +423,16 @@ fn flags_are_published_with_release_and_read_with_acquire() {
                 peer_loads += 1;
             }
         }
-        assert!(peer_loads >= MAX_RANKS, "{}", k.name());
+        assert!(peer_loads >= 2 * MAX_RANKS, "{}", k.name());
+        let vector_loads = insns
+            .iter()
+            .filter(|i| i.op == "ld.global.cg.v4.u32")
+            .count();
+        assert!(
+            vector_loads >= MAX_RANKS,
+            "{}: units are read whole",
+            k.name()
+        );
     }
 }
 
@@ -446,12 +455,21 @@ fn every_register_is_declared_and_every_branch_lands() {
         }
         let (insns, labels) = parse(&entry);
         for i in &insns {
-            for reg in i
+            // Vector operands `{%r5, %r6}` and addresses `[%rd46+4]` name
+            // registers too.
+            let regs: Vec<String> = i
                 .args
                 .iter()
                 .chain(&i.guard)
-                .map(|a| a.trim_start_matches('[').trim_end_matches(']'))
-            {
+                .flat_map(|a| {
+                    a.trim_start_matches(['[', '{'])
+                        .trim_end_matches([']', '}'])
+                        .split([',', '+'])
+                        .map(|r| r.trim().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for reg in &regs {
                 if reg.starts_with('%') && !reg.contains('.') {
                     assert!(declared.contains(reg), "{}: {reg} undeclared", k.name());
                 }
@@ -476,13 +494,28 @@ fn layout_and_launch_dims() {
     assert_eq!(registered_bytes(usize::MAX), None);
     assert_eq!(data_offset(1, 1000), (HEADER_BYTES + 1024) as u64);
     assert_eq!(data_offset(2, 1000), HEADER_BYTES as u64);
-    assert_eq!(chunk(10, 3), 4);
-    assert_eq!(chunk(1, 8), 1);
-    assert_eq!(launch_dims(Algorithm::OneShot, 1, 2), (1, BLOCK_THREADS));
-    assert_eq!(launch_dims(Algorithm::OneShot, 1 << 30, 2).0, MAX_BLOCKS);
+    // Slices are of 16-byte units: 4 f32, 8 halves.
+    assert_eq!(chunk(40, 3, ArDtype::F32), 4);
+    assert_eq!(chunk(40, 3, ArDtype::F16), 2);
+    assert_eq!(chunk(3, 8, ArDtype::F32), 0);
+    assert_eq!(ArDtype::F32.lanes(), 4);
+    assert_eq!(ArDtype::Bf16.lanes(), 8);
+    let f32 = ArDtype::F32;
     assert_eq!(
-        launch_dims(Algorithm::TwoShot, 8 * BLOCK_THREADS as usize, 8),
+        launch_dims(Algorithm::OneShot, 1, 2, f32),
         (1, BLOCK_THREADS)
+    );
+    assert_eq!(
+        launch_dims(Algorithm::OneShot, 1 << 30, 2, f32).0,
+        MAX_BLOCKS
+    );
+    assert_eq!(
+        launch_dims(Algorithm::TwoShot, 32 * BLOCK_THREADS as usize, 8, f32),
+        (1, BLOCK_THREADS)
+    );
+    assert_eq!(
+        launch_dims(Algorithm::TwoShot, 64 * BLOCK_THREADS as usize, 8, f32),
+        (2, BLOCK_THREADS)
     );
     assert!(BLOCK_THREADS as usize >= MAX_RANKS);
 }

@@ -168,25 +168,28 @@ impl Thread {
             }
         }
         let a = &i.args;
-        let get = |regs: &HashMap<String, u64>, s: &str| -> u64 {
-            match s {
-                "%ctaid.x" => u64::from(ctaid),
-                "%ntid.x" => u64::from(ntid),
-                "%tid.x" => u64::from(tid),
-                "%nctaid.x" => u64::from(nctaid),
-                _ if s.starts_with('%') => *regs
-                    .get(s)
-                    .unwrap_or_else(|| panic!("{s} read before written")),
-                // PTX's hexadecimal double literal.
-                _ if s.starts_with("0d") => {
-                    u64::from_str_radix(&s[2..], 16).unwrap_or_else(|_| panic!("bad operand {s}"))
+        let get =
+            |regs: &HashMap<String, u64>, s: &str| -> u64 {
+                match s {
+                    "%ctaid.x" => u64::from(ctaid),
+                    "%ntid.x" => u64::from(ntid),
+                    "%tid.x" => u64::from(tid),
+                    "%nctaid.x" => u64::from(nctaid),
+                    _ if s.starts_with('%') => *regs
+                        .get(s)
+                        .unwrap_or_else(|| panic!("{s} read before written")),
+                    // PTX's hexadecimal integer literal.
+                    _ if s.starts_with("0x") => u64::from_str_radix(&s[2..], 16)
+                        .unwrap_or_else(|_| panic!("bad operand {s}")),
+                    // PTX's hexadecimal double literal.
+                    _ if s.starts_with("0d") => u64::from_str_radix(&s[2..], 16)
+                        .unwrap_or_else(|_| panic!("bad operand {s}")),
+                    _ => s
+                        .parse::<i64>()
+                        .map(|v| v as u64)
+                        .unwrap_or_else(|_| panic!("bad operand {s}")),
                 }
-                _ => s
-                    .parse::<i64>()
-                    .map(|v| v as u64)
-                    .unwrap_or_else(|_| panic!("bad operand {s}")),
-            }
-        };
+            };
         let addr = |regs: &HashMap<String, u64>, s: &str| {
             let inner = s.trim_start_matches('[').trim_end_matches(']');
             match inner.split_once('+') {
@@ -211,9 +214,26 @@ impl Thread {
             "ld.param.u64" | "ld.param.f64" => {
                 Some(params[a[1].trim_start_matches('[').trim_end_matches(']')])
             }
+            // Unpacking a 32-bit value into two halves, low first.
+            "mov.b32" if a[0].starts_with('{') => {
+                let value = get(regs, &a[1]);
+                let halves = vector(&a[0]);
+                regs.insert(halves[0].clone(), value & 0xFFFF);
+                regs.insert(halves[1].clone(), (value >> 16) & 0xFFFF);
+                None
+            }
+            // Packing two halves into a 32-bit value, low first.
+            "mov.b32" if a[1].starts_with('{') => {
+                let halves = vector(&a[1]);
+                let (lo, hi) = (get(regs, &halves[0]), get(regs, &halves[1]));
+                Some((lo & 0xFFFF) | ((hi & 0xFFFF) << 16))
+            }
             "cvta.to.global.u64" | "mov.u32" | "mov.b32" | "mov.u64" | "mov.f32" => {
                 Some(get(regs, &a[1]))
             }
+            "and.b32" => Some(get(regs, &a[1]) & get(regs, &a[2]) & 0xFFFF_FFFF),
+            "and.b64" => Some(get(regs, &a[1]) & get(regs, &a[2])),
+            "setp.ne.u64" => Some(u64::from(get(regs, &a[1]) != get(regs, &a[2]))),
             "cvt.u32.u64" => Some(get(regs, &a[1]) as u32 as u64),
             "sub.u64" => Some(get(regs, &a[1]).wrapping_sub(get(regs, &a[2]))),
             "shr.u64" => Some(get(regs, &a[1]) >> get(regs, &a[2])),

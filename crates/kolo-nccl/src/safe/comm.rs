@@ -148,6 +148,7 @@ impl NcclComm {
             mode,
             &ordinals,
             Thresholds::DEFAULT.max_bytes(),
+            options.peer_allreduce,
         )?;
         device.bind()?;
 

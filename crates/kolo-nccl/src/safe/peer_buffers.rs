@@ -138,8 +138,9 @@ impl PeerBuffers {
     }
 
     /// Registers every rank's buffer of `capacity` data bytes. Collective
-    /// over `ctrl` (two all-gathers) whenever `2 <= size <= 8`; `None` on
-    /// every rank when any rank opted out or failed, or for other sizes
+    /// over `ctrl` (three all-gathers) whenever `2 <= size <= 8`; `None` on
+    /// every rank when any rank opted out (`wanted` false or the
+    /// environment's switch off) or failed, or for other sizes
     /// (without a collective: every rank knows the size). An invalid
     /// `KOLO_NVLINK_ALLREDUCE` is an error on every rank.
     pub(crate) fn register<C: Controller + ?Sized>(
@@ -148,6 +149,7 @@ impl PeerBuffers {
         mode: Mode,
         ordinals: &[usize],
         capacity: usize,
+        wanted: bool,
     ) -> Result<Option<PeerBuffers>, NcclError> {
         let (rank, size) = (ctrl.rank(), ctrl.size());
         if !(2..=MAX_RANKS).contains(&size) || ordinals.len() != size {
@@ -161,7 +163,7 @@ impl PeerBuffers {
         )?;
         // Step 1: allocate and describe this rank's buffer and load the
         // kernels (an empty payload: opted out).
-        let own = if enabled? {
+        let own = if enabled? && wanted {
             registered_bytes(capacity)
                 .ok_or_else(|| {
                     NcclError::InvalidArgument(format!("a registered buffer of {capacity} bytes"))

@@ -50,7 +50,8 @@ impl PeerGroup {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (rank, world) = (ctrl.rank(), ctrl.size());
-        let buffers = PeerBuffers::register(ctrl, device.context(), mode, &ordinals, capacity)?;
+        let buffers =
+            PeerBuffers::register(ctrl, device.context(), mode, &ordinals, capacity, true)?;
         device.bind()?;
         Ok(buffers.map(|buffers| PeerGroup {
             buffers,

@@ -17,6 +17,28 @@ use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{Scale, Topology};
 
 impl NcclComm {
+    /// Whether every rank registered its peer buffer: allreduces the
+    /// crossover gives a kernel run it (see [`crate::crossover`]).
+    pub fn peer_allreduce_active(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// What serves an in-place allreduce of `count` elements of `dtype`
+    /// (the same answer on every rank).
+    pub fn peer_allreduce_path(
+        &self,
+        dtype: DataType,
+        count: usize,
+        op: ReduceOp,
+        scale: Scale,
+    ) -> PeerAllreduce {
+        match self.peer_algorithm(dtype, count, op, scale) {
+            Some(Algorithm::OneShot) => PeerAllreduce::OneShot,
+            Some(Algorithm::TwoShot) => PeerAllreduce::TwoShot,
+            None => PeerAllreduce::Nccl,
+        }
+    }
+
     /// The peer kernel for an allreduce of `count` elements of `dtype`,
     /// or `None` for NCCL.
     pub(crate) fn peer_algorithm(

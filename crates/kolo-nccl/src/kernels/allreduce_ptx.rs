@@ -63,12 +63,15 @@
 //! in phase 0. A late rank only delays the others (they spin until its
 //! flags come); it never deadlocks them, provided each rank's CTAs can be
 //! resident together: at most [`MAX_BLOCKS`] (fewer than any supported
-//! GPU's SMs) of [`BLOCK_THREADS`] threads.
+//! GPU's SMs) of [`BLOCK_THREADS`] threads. A rank that never comes (its
+//! process died) makes the others `trap` once they have waited
+//! `timeout_ns` (`%globaltimer`): the kernel fails, and with it the
+//! communicator, instead of occupying the GPU for ever.
 //!
 //! # Parameters
 //!
 //! `(out, in, peer0 .. peer7, rank, world, n, chunk, epoch, data_off,
-//! factor)`: all u64 but `factor` (f64). `peerK` is rank `K`'s registered
+//! factor, timeout_ns)`: all u64 but `factor` (f64). `peerK` is rank `K`'s registered
 //! buffer as this device addresses it (unused ones may be 0), `n` the
 //! element count, `chunk` the two-shot slice length in units ([`chunk`],
 //! ignored by one-shot),
@@ -156,9 +159,18 @@ pub fn param_names() -> Vec<String> {
     let mut names: Vec<String> = vec!["out".into(), "in".into()];
     names.extend((0..MAX_RANKS).map(|k| format!("peer{k}")));
     names.extend(
-        ["rank", "world", "n", "chunk", "epoch", "data_off", "factor"]
-            .iter()
-            .map(|s| s.to_string()),
+        [
+            "rank",
+            "world",
+            "n",
+            "chunk",
+            "epoch",
+            "data_off",
+            "factor",
+            "timeout_ns",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
     );
     names
 }
@@ -238,6 +250,7 @@ impl AllreduceKernel {
             e.op(format!("ld.param.u64 {r}, [{name}_{p}];"));
         }
         e.op(format!("ld.param.f64 %fd1, [{name}_factor];"));
+        e.op(format!("ld.param.u64 %rd18, [{name}_timeout_ns];"));
         // Rust's `factor as f32` rounds to nearest; a factor of exactly 1
         // scales nothing (as the host's `Element::scale`).
         e.op("cvt.rn.f32.f64 %f1, %fd1;");

@@ -315,10 +315,20 @@ impl Emitter {
         self.op("add.u64 %rd44, %rd44, %rd14;");
         self.op("shl.b64 %rd44, %rd44, 3;");
         self.op("add.u64 %rd44, %rd9, %rd44;");
+        // A peer that never comes (it died) traps the kernel after
+        // `timeout_ns` (%rd18) instead of spinning forever.
+        let arrived = self.label("arrived");
+        self.op("mov.u64 %rd17, %globaltimer;");
         self.place(&spin);
         self.op("ld.acquire.sys.global.u64 %rd45, [%rd44];");
-        self.op("setp.lt.u64 %p4, %rd45, %rd6;");
-        self.op(format!("@%p4 bra {spin};"));
+        self.op("setp.ge.u64 %p4, %rd45, %rd6;");
+        self.op(format!("@%p4 bra {arrived};"));
+        self.op("mov.u64 %rd49, %globaltimer;");
+        self.op("sub.u64 %rd49, %rd49, %rd17;");
+        self.op("setp.gt.u64 %p4, %rd49, %rd18;");
+        self.op("@%p4 trap;");
+        self.op(format!("bra {spin};"));
+        self.place(&arrived);
         self.op("fence.acq_rel.sys;");
         self.place(&waited);
         self.op("bar.sync 0;");

@@ -40,6 +40,8 @@ pub(crate) struct PeerLaunch {
     pub(crate) capacity: usize,
     /// Applied after the sum unless exactly 1 (`Scale::postscale_for`).
     pub(crate) factor: f64,
+    /// How long a CTA waits for a peer's flag before it traps.
+    pub(crate) timeout: std::time::Duration,
 }
 
 impl PeerLaunch {
@@ -142,7 +144,8 @@ impl PeerAllreduceModule {
             data_offset(args.epoch, args.capacity),
         ];
         let mut factor = args.factor;
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(2 + MAX_RANKS + 7);
+        let mut timeout_ns = u64::try_from(args.timeout.as_nanos()).unwrap_or(u64::MAX);
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(2 + MAX_RANKS + 8);
         params.push((&mut out as *mut CUdeviceptr).cast());
         params.push((&mut input as *mut CUdeviceptr).cast());
         for p in peers.iter_mut() {
@@ -152,9 +155,10 @@ impl PeerAllreduceModule {
             params.push((s as *mut u64).cast());
         }
         params.push((&mut factor as *mut f64).cast());
+        params.push((&mut timeout_ns as *mut u64).cast());
         let (blocks, threads) = launch_dims(args.algorithm, args.n, args.world, kernel.dtype);
-        // SAFETY: `function` takes 16 u64 and one f64, the values `params`
-        // points to in order (read by the driver during the call); the
+        // SAFETY: `function` takes 16 u64, one f64 and one u64, the values
+        // `params` points to in order (read by the driver during the call); the
         // kernel touches `n` elements of `input` and `out` and the
         // registered buffers' flags and data regions (the contract).
         unsafe {

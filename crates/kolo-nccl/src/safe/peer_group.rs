@@ -17,6 +17,9 @@ use cudarc::driver::CudaStream;
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{Controller, Scale};
 
+/// How long a kernel waits for a peer before it traps.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// This rank's registration among `ctrl`'s ranks. Drop it only once every
 /// rank's work on the buffers is done (each rank synchronized its stream,
 /// then a barrier): a peer may still read this rank's buffer otherwise.
@@ -105,6 +108,7 @@ impl PeerGroup {
             epoch: 1,
             capacity: self.buffers.capacity(),
             factor: scale.postscale_for(op, self.world),
+            timeout: PEER_TIMEOUT,
         };
         // Checked before the epoch is taken (see `peer_ops.rs`).
         args.validate()?;

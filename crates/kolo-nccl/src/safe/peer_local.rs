@@ -13,6 +13,9 @@ use cudarc::driver::{CudaContext, CudaStream};
 use kolo_protocol::{DataType, ReduceOp};
 use std::sync::Arc;
 
+/// How long a kernel waits for a peer before it traps.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// `world` simulated ranks on one device.
 #[doc(hidden)]
 pub struct LocalPeerRanks {
@@ -179,6 +182,7 @@ impl LocalPeerRanks {
             epoch,
             capacity: self.capacity,
             factor: kolo_transport::Scale::NONE.postscale_for(op, world),
+            timeout: PEER_TIMEOUT,
         };
         self.ctx
             .bind_to_thread()

@@ -102,6 +102,7 @@ impl NcclComm {
                 epoch: 1,
                 capacity: peer.capacity(),
                 factor: scale.postscale_for(op, world),
+                timeout: comm.options().op_timeout,
             };
             // Checked before the epoch is taken: a rank that took one and
             // launched nothing would leave its peers waiting for it.

@@ -46,6 +46,10 @@ struct Case {
     skew: usize,
     /// This rank starts only once the others have run this many steps.
     late: Option<(usize, u64)>,
+    /// This rank never runs (its process died).
+    dead: Option<usize>,
+    /// The kernels' `timeout_ns`, in interpreter steps of a thread.
+    timeout: u64,
     seed: u64,
 }
 
@@ -82,9 +86,12 @@ fn reference<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
     want
 }
 
-/// Runs `case` and returns, per call, every rank's output and the
-/// reference.
-fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>)> {
+/// Per call, every rank's output and the reference.
+type Outcome<T> = Vec<(Vec<Vec<T>>, Vec<T>)>;
+
+/// Runs `case`: the outputs and references, and whether a kernel trapped
+/// (a rank's launch then stops, and its later calls never start).
+fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> (Outcome<T>, bool) {
     let kernel = AllreduceKernel {
         algorithm: case.algorithm,
         dtype,
@@ -168,6 +175,7 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
             epoch,
             data_offset(epoch, capacity),
             factor.to_bits(),
+            case.timeout,
         ]);
         param_names()
             .into_iter()
@@ -182,16 +190,18 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
         .collect();
     let weights: Vec<usize> = (0..case.world).map(|_| 1 + rng.below(4)).collect();
     let mut steps = 0u64;
+    let mut trapped = false;
     loop {
         let runnable: Vec<usize> = (0..case.world)
-            .filter(|&r| current[r].is_some())
+            .filter(|&r| current[r].is_some() && Some(r) != case.dead)
             .filter(|&r| match case.late {
                 Some((late, after)) => r != late || steps >= after,
                 None => true,
             })
             .collect();
         if runnable.is_empty() {
-            if current.iter().all(Option::is_none) {
+            let alive = (0..case.world).filter(|&r| Some(r) != case.dead);
+            if alive.clone().all(|r| current[r].is_none()) {
                 break;
             }
             // Only the late rank is left before its time: it comes now.
@@ -223,8 +233,14 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
                 Flow::Next => continue,
                 Flow::Barrier => l.at_barrier[t] = true,
                 Flow::Exit => l.done[t] = true,
+                Flow::Trap => trapped = true,
             }
             break;
+        }
+        if trapped {
+            // The launch fails: its rank stops here.
+            current[rank] = None;
+            continue;
         }
         // A CTA whose threads all wait at the barrier goes on.
         let ntid = case.grid.1 as usize;
@@ -239,7 +255,8 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
                 .then(|| launch(params_for(rank, call_of[rank]), case.grid));
         }
     }
-    io.iter()
+    let outcome = io
+        .iter()
         .zip(expected)
         .map(|(per_rank, want)| {
             let outs = per_rank
@@ -254,12 +271,15 @@ fn simulate<T: Element>(case: &Case, dtype: ArDtype) -> Vec<(Vec<Vec<T>>, Vec<T>
                 .collect();
             (outs, want)
         })
-        .collect()
+        .collect();
+    (outcome, trapped)
 }
 
 /// Every rank's output of every call equals the reference bit for bit.
 fn agrees<T: Element>(case: &Case, dtype: ArDtype) -> Result<(), TestCaseError> {
-    for (call, (outs, want)) in simulate::<T>(case, dtype).into_iter().enumerate() {
+    let (outcome, trapped) = simulate::<T>(case, dtype);
+    prop_assert!(!trapped, "a kernel trapped ({case:?})");
+    for (call, (outs, want)) in outcome.into_iter().enumerate() {
         for (rank, out) in outs.iter().enumerate() {
             prop_assert!(
                 as_bytes(out) == as_bytes(&want),
@@ -294,6 +314,8 @@ fn case(algorithm: Algorithm, world: usize, n: usize, op: ReduceOp, seed: u64) -
         in_place: seed % 2 == 0,
         skew: (seed % 3) as usize,
         late: None,
+        dead: None,
+        timeout: u64::MAX,
         seed,
     }
 }
@@ -322,6 +344,22 @@ fn a_late_rank_delays_the_others_without_deadlock() {
             c.calls = 4;
             check(&c);
         }
+    }
+}
+
+#[test]
+fn a_dead_rank_makes_the_others_trap_after_the_timeout() {
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let mut c = case(algorithm, 3, 40, ReduceOp::Sum, 5);
+        c.dead = Some(1);
+        c.timeout = 5_000;
+        let (_, trapped) = simulate::<f32>(&c, ArDtype::F32);
+        assert!(trapped, "{algorithm:?}: the others must trap, not spin");
+        // A late rank within the timeout is only late.
+        let mut c = case(algorithm, 3, 40, ReduceOp::Sum, 6);
+        c.late = Some((1, 20_000));
+        c.timeout = 10_000_000;
+        agrees::<f32>(&c, ArDtype::F32).unwrap();
     }
 }
 
@@ -382,7 +420,7 @@ fn the_module_declares_each_kernel_once() {
 fn flags_are_published_with_release_and_read_with_acquire() {
     for k in AllreduceKernel::all() {
         let entry = k.entry();
-        let (insns, _) = parse(&entry);
+        let (insns, labels) = parse(&entry);
         let phases = match k.algorithm {
             Algorithm::OneShot => 1,
             Algorithm::TwoShot => 2,
@@ -402,11 +440,15 @@ fn flags_are_published_with_release_and_read_with_acquire() {
             assert_eq!(insns[s].args[1], "%rd6", "the flag is the epoch");
         }
         for &l in &spins {
-            // Spin until >= epoch, fence, then the CTA goes on together.
-            assert_eq!(insns[l + 1].op, "setp.lt.u64");
+            // Spin until >= epoch (or trap past the timeout), fence, then
+            // the CTA goes on together.
+            assert_eq!(insns[l + 1].op, "setp.ge.u64");
             assert_eq!(insns[l + 1].args[2], "%rd6");
-            assert_eq!(insns[l + 3].op, "fence.acq_rel.sys");
-            assert!(insns[l..].iter().take(6).any(|i| i.op == "bar.sync"));
+            assert!(insns[l..l + 8].iter().any(|i| i.op == "trap"));
+            let arrived = &insns[l + 2].args[0];
+            assert_eq!(labels[arrived], l + 8, "{}", k.name());
+            assert_eq!(insns[l + 8].op, "fence.acq_rel.sys");
+            assert_eq!(insns[l + 9].op, "bar.sync");
         }
         // Every load of peer data (addressed through %rd30..%rd37) goes
         // past L1, whose lines are not coherent with other GPUs' writes.
@@ -470,7 +512,9 @@ fn every_register_is_declared_and_every_branch_lands() {
                 })
                 .collect();
             for reg in &regs {
-                if reg.starts_with('%') && !reg.contains('.') {
+                // Special registers (`%tid.x`, `%globaltimer`) need none.
+                let special = reg.contains('.') || reg == "%globaltimer";
+                if reg.starts_with('%') && !special {
                     assert!(declared.contains(reg), "{}: {reg} undeclared", k.name());
                 }
             }

@@ -123,6 +123,8 @@ pub(super) enum Flow {
     Barrier,
     /// It returned.
     Exit,
+    /// It executed `trap`: the whole launch fails.
+    Trap,
 }
 
 /// One thread of a launch, resumable: [`Thread::step`] runs one
@@ -134,6 +136,8 @@ pub(super) struct Thread {
     regs: HashMap<String, u64>,
     pc: usize,
     grid: (u32, u32, u32, u32),
+    /// Instructions run: this thread's `%globaltimer`.
+    steps: u64,
 }
 
 impl Thread {
@@ -144,6 +148,7 @@ impl Thread {
             regs: HashMap::new(),
             pc: 0,
             grid,
+            steps: 0,
         }
     }
 
@@ -157,6 +162,8 @@ impl Thread {
     ) -> Flow {
         let (ctaid, ntid, tid, nctaid) = self.grid;
         let regs = &mut self.regs;
+        self.steps += 1;
+        let now = self.steps;
         if self.pc >= insns.len() {
             return Flow::Exit;
         }
@@ -175,6 +182,7 @@ impl Thread {
                     "%ntid.x" => u64::from(ntid),
                     "%tid.x" => u64::from(tid),
                     "%nctaid.x" => u64::from(nctaid),
+                    "%globaltimer" => now,
                     _ if s.starts_with('%') => *regs
                         .get(s)
                         .unwrap_or_else(|| panic!("{s} read before written")),
@@ -206,6 +214,7 @@ impl Thread {
         let out: Option<u64> = match op.as_str() {
             "ret" => return Flow::Exit,
             "bar.sync" => return Flow::Barrier,
+            "trap" => return Flow::Trap,
             "fence.acq_rel.sys" => None,
             "bra" => {
                 self.pc = labels[&a[0]];
@@ -233,6 +242,7 @@ impl Thread {
             }
             "and.b32" => Some(get(regs, &a[1]) & get(regs, &a[2]) & 0xFFFF_FFFF),
             "and.b64" => Some(get(regs, &a[1]) & get(regs, &a[2])),
+            "setp.gt.u64" => Some(u64::from(get(regs, &a[1]) > get(regs, &a[2]))),
             "setp.ne.u64" => Some(u64::from(get(regs, &a[1]) != get(regs, &a[2]))),
             "cvt.u32.u64" => Some(get(regs, &a[1]) as u32 as u64),
             "sub.u64" => Some(get(regs, &a[1]).wrapping_sub(get(regs, &a[2]))),
@@ -344,6 +354,7 @@ pub(super) fn run_thread(
         match thread.step(insns, labels, params, mem) {
             Flow::Next => {}
             Flow::Barrier => panic!("bar.sync in a kernel run one thread at a time"),
+            Flow::Trap => panic!("the kernel trapped"),
             Flow::Exit => return,
         }
     }

@@ -2,7 +2,8 @@
 //! 2 GPUs (or `--gpus N`, repeatable). Every device operation, transactions,
 //! copy engines and the conformance suite through `HostStaging`; then the
 //! peer allreduce kernels on simulated ranks of one GPU (`--peer` runs
-//! only those, `--peer-bench` only their one-GPU timings). Without a
+//! only those, `--peer-bench` only their one-GPU timings, `--peer-trap`
+//! that a kernel whose peer never comes fails instead of spinning). Without a
 //! GPU it prints `skipped: no CUDA device (reason)` and exits 0. The
 //! timings are the `nccl_bench` benchmark's.
 
@@ -26,6 +27,21 @@ fn main() {
             return;
         }
     };
+    if args.iter().any(|a| a == "--peer-trap") {
+        // Breaks the context: its own invocation.
+        let outcome = kolo_nccl::Device::open(0)
+            .map_err(|e| e.to_string())
+            .and_then(|d| peer_allreduce::dead_peer_traps(d.context()));
+        match outcome {
+            Ok(()) => println!("gpu_threads: all checks passed"),
+            Err(e) => {
+                println!("FAIL a dead peer: {e}");
+                println!("gpu_threads: FAILED");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let peer = args.iter().any(|a| a == "--peer");
     let bench = args.iter().any(|a| a == "--peer-bench");
     if peer || bench {

@@ -25,6 +25,7 @@ pub struct LocalPeerRanks {
     module: PeerAllreduceModule,
     capacity: usize,
     epoch: u64,
+    timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for LocalPeerRanks {
@@ -66,6 +67,7 @@ impl LocalPeerRanks {
             module,
             capacity,
             epoch: 0,
+            timeout: PEER_TIMEOUT,
         })
     }
 
@@ -77,6 +79,12 @@ impl LocalPeerRanks {
     /// The data capacity in bytes.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// How long later launches wait for a peer before they trap (30 s
+    /// unless set).
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) {
+        self.timeout = timeout;
     }
 
     /// Enqueues one allreduce of `n` elements of `dtype` (f32, f16, bf16;
@@ -182,7 +190,7 @@ impl LocalPeerRanks {
             epoch,
             capacity: self.capacity,
             factor: kolo_transport::Scale::NONE.postscale_for(op, world),
-            timeout: PEER_TIMEOUT,
+            timeout: self.timeout,
         };
         self.ctx
             .bind_to_thread()

@@ -330,3 +330,53 @@ pub fn bench(ctx: &Arc<CudaContext>) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A rank that never comes: rank 0 of 2 is launched alone with a 200 ms
+/// timeout, and its kernel must fail (trap) rather than spin. Leaves the
+/// context broken: run it last, in its own process.
+pub fn dead_peer_traps(ctx: &Arc<CudaContext>) -> Result<(), String> {
+    let mut ranks = LocalPeerRanks::new(ctx, 2, 1 << 20).map_err(|e| e.to_string())?;
+    ranks.set_timeout(Duration::from_millis(200));
+    let main = ctx.new_stream().map_err(|e| format!("{e:?}"))?;
+    let mut buffers = io::<f32>(&main, 2, 1024)?;
+    main.synchronize().map_err(|e| format!("{e:?}"))?;
+    let pairs: Vec<(u64, u64)> = (0..2)
+        .map(|r| {
+            let (i, _g) = buffers.inputs[r].device_ptr(&main);
+            let (o, _g2) = buffers.outputs[r].device_ptr_mut(&main);
+            (o, i)
+        })
+        .collect();
+    let start = Instant::now();
+    // SAFETY: the pairs span 1,024 f32 of live buffers, leaked below (the
+    // context is broken afterwards); rank 1 is never launched on purpose:
+    // the kernel must give up on it.
+    unsafe {
+        ranks.launch(
+            PeerAllreduce::OneShot,
+            f32::DTYPE,
+            ReduceOp::Sum,
+            1000,
+            &pairs,
+            &[0],
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    let event = ranks.streams()[0]
+        .record_event(None)
+        .map_err(|e| format!("record: {e:?}"))?;
+    let outcome = loop {
+        match event.try_is_complete() {
+            Ok(true) => break Err("the kernel completed without its peer".to_string()),
+            Ok(false) if start.elapsed() > DEADLINE => {
+                break Err(format!("still spinning after {DEADLINE:?}"))
+            }
+            Ok(false) => std::thread::yield_now(),
+            Err(e) => break Ok(format!("{e:?} after {:?}", start.elapsed())),
+        }
+    };
+    // Nothing may be freed on a broken context.
+    std::mem::forget(ranks);
+    std::mem::forget(buffers);
+    outcome.map(|how| println!("  a dead peer: the kernel failed ({how})"))
+}

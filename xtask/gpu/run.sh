@@ -7,8 +7,8 @@
 # per GPU under mpirun); then the peer allreduce kernels on GPU 0 (steps
 # peer-*: simulated ranks, threads, processes through CUDA IPC, a dead
 # peer; peer-bench-1gpu with BENCH=1). Every step runs under `timeout`;
-# its log goes to $OUT/<step>.log, its bench rows as JSON lines to $OUT/<step>.jsonl, and
-# one line per step to $OUT/summary.txt:
+# its log goes to $OUT/<step>.log, its bench rows as JSON lines to
+# $OUT/<step>.jsonl, and one line per step to $OUT/summary.txt:
 #
 #   PASS <step>                 every check of the step passed
 #   FAIL <step> (exit N)        a check failed (its `FAIL` lines are shown)

@@ -4,9 +4,11 @@
 # timings (nccl_bench), run from the folder `cargo xtask test-gpu` builds
 # (gpu-dist/, where this file is run.sh): at 1, 2 and GPUS GPUs, in thread
 # mode (one process, a thread per GPU) and in process mode (one process
-# per GPU under mpirun). Every step runs under `timeout`; its log goes to
-# $OUT/<step>.log, its bench rows as JSON lines to $OUT/<step>.jsonl, and
-# one line per step to $OUT/summary.txt:
+# per GPU under mpirun); then the peer allreduce kernels on GPU 0 (steps
+# peer-*: simulated ranks, threads, processes through CUDA IPC, a dead
+# peer; peer-bench-1gpu with BENCH=1). Every step runs under `timeout`;
+# its log goes to $OUT/<step>.log, its bench rows as JSON lines to
+# $OUT/<step>.jsonl, and one line per step to $OUT/summary.txt:
 #
 #   PASS <step>                 every check of the step passed
 #   FAIL <step> (exit N)        a check failed (its `FAIL` lines are shown)
@@ -73,6 +75,13 @@ if [ "${CHECKS:-1}" != 0 ]; then
     step "conformance-threads-${n}gpu" "$n" ./gpu_conformance --gpus "$n"
     step "conformance-mpi-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./gpu_conformance
   done
+  # The peer allreduce kernels on GPU 0: simulated ranks and threads, then
+  # processes through CUDA IPC, then a dead peer (last: it breaks its
+  # context).
+  step "peer-threads" 1 ./gpu_threads --peer
+  step "peer-ipc-np2" 1 "${MPIRUN[@]}" -np 2 ./gpu_mpi --peer
+  step "peer-ipc-np4" 1 "${MPIRUN[@]}" -np 4 ./gpu_mpi --peer
+  step "peer-trap" 1 ./gpu_threads --peer-trap
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   small=()
@@ -81,6 +90,7 @@ if [ "${BENCH:-0}" = 1 ]; then
     step "threads-bench-${n}gpu" "$n" ./nccl_bench --bench --gpus "$n" "${small[@]}"
     step "mpi-bench-np$n" "$n" "${MPIRUN[@]}" -np "$n" ./nccl_bench --bench "${small[@]}"
   done
+  step "peer-bench-1gpu" 1 ./gpu_threads --peer-bench
 fi
 
 echo "== summary"

@@ -125,6 +125,16 @@
 //! u16 / i16 reductions are [`NcclError::Unsupported`] (NCCL has no such
 //! type); [`HostStaging`] covers them. See [`reduce_plan`].
 //!
+//! # The peer allreduce
+//!
+//! With 2 to 8 ranks, every communicator registers a buffer per rank that
+//! the other GPUs read directly (peer access in thread mode, CUDA IPC in
+//! process mode), and in-place allreduces of f32, f16 and bf16 (sum,
+//! average) up to a few MiB run kolo-nccl's one-shot or two-shot kernel
+//! instead of NCCL, where NCCL's ring is latency-bound; [`crossover`]
+//! chooses, and `KOLO_NVLINK_ALLREDUCE=0` turns the kernels off. Every
+//! rank gets the same bits (the sum in rank order).
+//!
 //! The [`DeviceFusionBuffer`] packs and unpacks many tensors with one
 //! launch of a second hand-written kernel, a batched copy over a table of
 //! (source, destination, bytes) rows read from mapped pinned memory.
@@ -157,6 +167,7 @@
 mod board;
 mod bootstrap;
 mod copy_plan;
+pub mod crossover;
 mod cuda_backend;
 mod error;
 mod kernels;
@@ -193,3 +204,7 @@ pub use safe::work::Work;
 
 #[doc(hidden)]
 pub use safe::baseline::Bare;
+#[doc(hidden)]
+pub use safe::peer_group::PeerGroup;
+#[doc(hidden)]
+pub use safe::peer_local::LocalPeerRanks;

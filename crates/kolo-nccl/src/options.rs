@@ -44,6 +44,11 @@ pub struct NcclOptions {
     /// MPI process alone is in process mode. [`crate::threads::run`] asks
     /// for thread mode.
     pub mode: Option<Mode>,
+    /// Whether allreduces may run kolo-nccl's peer kernels (see
+    /// [`crate::crossover`]) where they beat NCCL; `false` on any rank (or
+    /// `KOLO_NVLINK_ALLREDUCE=0` in its environment) keeps every rank on
+    /// NCCL, and registers no buffers.
+    pub peer_allreduce: bool,
 }
 
 impl Default for NcclOptions {
@@ -54,6 +59,7 @@ impl Default for NcclOptions {
             op_timeout: Duration::from_secs(300),
             teardown_timeout: Duration::from_secs(10),
             mode: None,
+            peer_allreduce: true,
         }
     }
 }

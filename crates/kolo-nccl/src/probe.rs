@@ -57,6 +57,10 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuMemsetD8_v2",
     "cuGetErrorName",
     "cuGetErrorString",
 ];

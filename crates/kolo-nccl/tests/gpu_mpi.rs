@@ -1,11 +1,16 @@
 //! Process mode on real GPUs: one process per GPU under `mpirun`, the NCCL
 //! id broadcast over MPI. Run directly it re-runs itself under `mpirun`
 //! with 1 and 2 processes (or `--np N`, repeatable) when enough GPUs are
-//! visible; under `mpirun` it is one rank. Without a GPU it prints
+//! visible; under `mpirun` it is one rank. `--peer-np N` instead runs N
+//! processes on GPU 0 that register peer-allreduce buffers through CUDA
+//! IPC and run the kernels across them. Without a GPU it prints
 //! `skipped: no CUDA device (reason)` and exits 0. The timings are the
 //! `nccl_bench` benchmark's.
 
 mod gpu;
+// Only this binary registers peer buffers across processes.
+#[path = "gpu/peer_group.rs"]
+mod peer_group;
 
 use gpu::{Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_mpi::launcher::{mpirun_self, under_mpirun};
@@ -26,6 +31,13 @@ fn main() {
             return;
         }
     };
+    // `--peer-np N`: N processes on GPU 0 register their buffers through
+    // CUDA IPC and run the peer allreduce kernels across them.
+    let peer: Vec<usize> = args
+        .windows(2)
+        .filter(|w| w[0] == "--peer-np")
+        .filter_map(|w| w[1].parse().ok())
+        .collect();
     let mut wanted: Vec<usize> = args
         .windows(2)
         .filter(|w| w[0] == "--np")
@@ -42,16 +54,25 @@ fn main() {
         }
     };
     let mut ok = true;
-    for np in wanted {
-        if np > gpus {
+    let runs: Vec<(usize, Vec<&str>)> = if peer.is_empty() {
+        wanted.into_iter().map(|np| (np, Vec::new())).collect()
+    } else {
+        peer.into_iter().map(|np| (np, vec!["--peer"])).collect()
+    };
+    for (np, rank_args) in runs {
+        let peer_run = !rank_args.is_empty();
+        if np > gpus && !peer_run {
             println!("skipped: {np} processes need {np} GPUs, {gpus} visible");
             continue;
         }
-        println!("== process mode: mpirun -np {np} ==");
+        println!(
+            "== process mode: mpirun -np {np} {} ==",
+            rank_args.join(" ")
+        );
         match mpirun_self(
             &exe,
             np,
-            Vec::<&str>::new(),
+            rank_args,
             &[("NCCL_NVLS_ENABLE", "0")],
             Duration::from_secs(1200),
         ) {
@@ -88,6 +109,10 @@ fn rank_main() -> i32 {
     };
     let rank = mpi.rank();
     let mut report = Report::new(rank);
+    if std::env::args().any(|a| a == "--peer") {
+        peer_group::run(&mut mpi, kolo_nccl::Mode::ProcessPerGpu, &mut report);
+        return verdict(&mut mpi, &report);
+    }
     let options = NcclOptions {
         op_timeout: OP_TIMEOUT,
         teardown_timeout: TEARDOWN_TIMEOUT,
@@ -108,8 +133,14 @@ fn rank_main() -> i32 {
         }
         Err(e) => report.check("NcclComm::init over MPI", Err(e.to_string())),
     }
+    verdict(&mut mpi, &report)
+}
+
+/// Prints this rank's counts; 0 when every rank passed.
+fn verdict(mpi: &mut MpiComm, report: &Report) -> i32 {
     println!(
-        "rank {rank}: {} passed, {} failed",
+        "rank {}: {} passed, {} failed",
+        report.rank,
         report.passed,
         report.failed.len()
     );

@@ -241,3 +241,54 @@ pub fn share_pools(device: CUdevice, peers: &[std::ffi::c_int]) -> Result<(), Nc
     }
     Ok(())
 }
+
+/// The bytes of a CUDA IPC memory handle.
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// `cuIpcGetMemHandle`: a handle another process opens to map `ptr`'s
+/// allocation.
+///
+/// # Safety
+/// `ptr` is the start of a live `cuMemAlloc` allocation of the current
+/// context.
+pub unsafe fn ipc_handle(ptr: sys::CUdeviceptr) -> Result<[u8; IPC_HANDLE_BYTES], NcclError> {
+    let mut handle = sys::CUipcMemHandle_st {
+        reserved: [0; IPC_HANDLE_BYTES],
+    };
+    // SAFETY: `handle` is a valid out-pointer; `ptr` per the contract.
+    unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) }
+        .result()
+        .map_err(NcclError::on_cuda("cuIpcGetMemHandle"))?;
+    Ok(handle.reserved.map(|b| b as u8))
+}
+
+/// `cuIpcOpenMemHandle` (with lazy peer access): maps another process's
+/// allocation into the current context; closed by [`ipc_close`].
+///
+/// # Safety
+/// A context is current; `handle` came from [`ipc_handle`] in another
+/// process whose allocation is still alive.
+pub unsafe fn ipc_open(handle: &[u8; IPC_HANDLE_BYTES]) -> Result<sys::CUdeviceptr, NcclError> {
+    let handle = sys::CUipcMemHandle_st {
+        reserved: handle.map(|b| b as std::ffi::c_char),
+    };
+    let mut ptr: sys::CUdeviceptr = 0;
+    let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
+    // SAFETY: `ptr` is a valid out-pointer; the handle per the contract.
+    unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, lazy) }
+        .result()
+        .map_err(NcclError::on_cuda("cuIpcOpenMemHandle"))?;
+    Ok(ptr)
+}
+
+/// `cuIpcCloseMemHandle`: unmaps what [`ipc_open`] mapped.
+///
+/// # Safety
+/// `ptr` came from [`ipc_open`] in the current context, is closed once,
+/// and no enqueued work uses it any more.
+pub unsafe fn ipc_close(ptr: sys::CUdeviceptr) -> Result<(), NcclError> {
+    // SAFETY: per the contract.
+    unsafe { sys::cuIpcCloseMemHandle(ptr) }
+        .result()
+        .map_err(NcclError::on_cuda("cuIpcCloseMemHandle"))
+}

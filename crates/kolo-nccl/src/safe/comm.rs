@@ -5,6 +5,7 @@ use crate::board::{self, Board};
 use crate::bootstrap::{
     agree, check_layout, choose_mode, decode_unique_id, encode_status, mode_code, u64_from,
 };
+use crate::crossover::Thresholds;
 use crate::error::NcclError;
 use crate::options::{CopyEngine, Mode, NcclOptions};
 use crate::outbox::Outbox;
@@ -12,6 +13,7 @@ use crate::probe;
 use crate::safe::completion::{Completer, Entry};
 use crate::safe::copy_engine::CopyEngines;
 use crate::safe::device::{Device, EventFence};
+use crate::safe::peer_buffers::PeerBuffers;
 use crate::safe::raw_comm::RawComm;
 use crate::safe::teardown::{teardown, Teardown};
 use crate::safe::work::{Health, Work};
@@ -44,6 +46,9 @@ pub struct NcclComm {
     /// Sends of the device data plane (`Collectives<Cuda>`) waiting for
     /// this rank's next group (see `outbox.rs`).
     pub(crate) staged: Outbox<CudaSlice<u8>>,
+    /// Every rank's registered buffer for the peer allreduce kernels, when
+    /// all ranks reach each other's (see `peer_buffers.rs`).
+    pub(crate) peer: Option<PeerBuffers>,
     rank: usize,
     size: usize,
     local_rank: usize,
@@ -134,6 +139,19 @@ impl NcclComm {
         )?;
         let copy = copy?;
 
+        // The peer allreduce's buffers, for the largest tensor the
+        // crossover gives a kernel; a failure leaves them unused on every
+        // rank.
+        let peer = PeerBuffers::register(
+            ctrl,
+            device.context(),
+            mode,
+            &ordinals,
+            Thresholds::DEFAULT.max_bytes(),
+            options.peer_allreduce,
+        )?;
+        device.bind()?;
+
         let health = Arc::new(Health::new(rank));
         let probe = raw.probe();
         let ctx = device.context().clone();
@@ -155,6 +173,7 @@ impl NcclComm {
             board,
             health,
             staged: Outbox::default(),
+            peer,
             rank,
             size,
             local_rank,
@@ -318,6 +337,15 @@ impl NcclComm {
             let _ = board.allgather(self.rank, Vec::new(), bound);
             board.leave(self.rank);
         }
+        // Every rank's work is done (drained, and in thread mode agreed
+        // above): nobody reads the registered buffers any more. After a
+        // failure a peer's kernel may still spin on them: they are leaked
+        // rather than freed under it.
+        match self.peer.take() {
+            Some(peer) if !healthy => std::mem::forget(peer),
+            other => drop(other),
+        }
+        let _ = self.device.bind();
         self.closed = Some(outcome.clone());
         outcome
     }

@@ -15,6 +15,11 @@
 //! - the operations: [`ops`] (data movement), [`reduce_ops`], [`p2p`],
 //!   [`transaction`] with [`tx_execute`], [`baseline`] (the bare NCCL call
 //!   the benchmarks compare against);
+//! - the peer allreduce: [`peer_buffers`] (every rank's registered
+//!   buffer, through peer access or CUDA IPC), [`peer_group`] (the same
+//!   without NCCL, for the GPU tests), [`peer_local`]
+//!   (simulated ranks on one device, for the GPU tests), [`peer_ops`]
+//!   (the allreduce through them);
 //! - on top: [`fusion`] (the device fusion buffer), [`untracked`] (memory
 //!   without cudarc's events), [`staging`] and [`staging_tx`] (kolo's host
 //!   data plane through NCCL);
@@ -39,6 +44,10 @@ pub(crate) mod fusion;
 pub(crate) mod memory;
 pub(crate) mod ops;
 pub(crate) mod p2p;
+pub(crate) mod peer_buffers;
+pub(crate) mod peer_group;
+pub(crate) mod peer_local;
+pub(crate) mod peer_ops;
 pub(crate) mod persistent;
 pub(crate) mod raw_comm;
 pub(crate) mod reduce_ops;

@@ -47,6 +47,9 @@ impl NcclComm {
             )));
         }
         let plan = plan_reduce(dtype, op, scale, self.size())?;
+        if let Some(algorithm) = self.peer_algorithm(dtype, count, op, scale) {
+            return self.peer_all_reduce(buf, algorithm, dtype, count, op, scale);
+        }
         self.prepare_kernels(&plan)?;
         self.run(
             format!("allreduce({}) of {count} {dtype}", op.name()),

@@ -5,6 +5,7 @@
 
 pub mod batched_copy;
 pub mod device_ops;
+pub mod peer_wired;
 pub mod scaling;
 pub mod transactions;
 
@@ -155,6 +156,7 @@ pub fn run_all<C: Controller + ?Sized>(comm: &mut NcclComm, ctrl: &mut C, report
     scaling::scaled(comm, report);
     scaling::errors(comm, report);
     transactions::run(comm, report);
+    peer_wired::run(comm, ctrl, report);
     let opts = SuiteOptions {
         unordered_p2p: false,
         ..SuiteOptions::default()

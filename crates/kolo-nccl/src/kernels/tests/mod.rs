@@ -4,6 +4,7 @@
 //! kernels use. Compiled only for `cargo test`; the same kernels run on a
 //! GPU in the crate's `gpu_threads` / `gpu_mpi` test binaries.
 
+mod allreduce_ptx;
 mod copy_ptx;
 mod interp;
 mod scale_ptx;

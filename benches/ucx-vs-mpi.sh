@@ -16,6 +16,9 @@
 # TLS=tcp: both over TCP (loopback) instead: UCX_TLS=tcp,self against
 # OpenMPI's ob1 with the self,tcp BTLs.
 #
+# OLD=DIR: also kolo-bench and kolo-run from DIR (an earlier build), as
+# rows "old" beside "ucx" in every round, and their ratio in the summary.
+#
 # ENGINE=1: the engine instead (`kolo-bench --engine`, one tensor per step,
 # 8 B to 16 MiB x8, 30 iterations) over kolo-ucx and over kolo-mpi under mpirun; the
 # summary compares times at every size.
@@ -23,6 +26,7 @@ set -euo pipefail
 bin=$1 np=${2:-2} rounds=${3:-5}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 engine=${ENGINE:-0}
+old=${OLD:-}
 tls=${TLS:-sm}
 case "$tls" in
   sm) ucx_tls=sm,self mpi_btl=self,vader ;;
@@ -32,11 +36,12 @@ esac
 bench_args=(--op allreduce --iters 20 --warmup 5 --quiet)
 [ "$engine" = 1 ] && bench_args=(--op allreduce --iters 30 --warmup 5 --quiet)
 ucx() {
-  local sizes=(--min-bytes "${1:-}" --max-bytes "${2:-}" --factor 4)
+  local sizes=(--min-bytes "${1:-}" --max-bytes "${2:-}" --factor 4) from=${3:-$bin}
   [ "$engine" = 1 ] && sizes=(--engine --min-bytes 8 --max-bytes 16M --factor 8)
-  UCX_TLS=$ucx_tls "$bin/kolo-run" -n "$np" --master-port 0 "$bin/kolo-bench" --backend ucx \
+  UCX_TLS=$ucx_tls "$from/kolo-run" -n "$np" --master-port 0 "$from/kolo-bench" --backend ucx \
     "${sizes[@]}" "${bench_args[@]}" 2>/dev/null | grep -v '^#'
 }
+old() { ucx "${1:-}" "${2:-}" "$old"; }
 mpi() {
   export OMPI_MCA_btl=$mpi_btl OMPI_MCA_btl_vader_single_copy_mechanism=cma
   if [ "$engine" = 1 ]; then
@@ -52,6 +57,7 @@ side() {
 }
 rows=$(for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) = 1 ]; then side ucx "$r"; side mpi "$r"; else side mpi "$r"; side ucx "$r"; fi
+  if [ -n "$old" ]; then side old "$r"; fi
 done)
 echo "$rows"
 echo "$rows" | python3 -c '
@@ -71,5 +77,11 @@ for size in sorted({s for _, s in rows}):
     ratio = statistics.median(u[r][col] / m[r][col] for r in both)
     mu = statistics.median(u[r][col] for r in both)
     mm = statistics.median(m[r][col] for r in both)
-    print(f"{size:>9} B: ucx {mu:9.3f} MPI {mm:9.3f} {what} ratio {ratio:5.2f}x")
+    line = f"{size:>9} B: ucx {mu:9.3f} MPI {mm:9.3f} {what} ratio {ratio:5.2f}x"
+    o = rows.get(("old", size), {})
+    olds = [r for r in o if r in m]
+    if olds:
+        ro = statistics.median(o[r][col] / m[r][col] for r in olds)
+        line += f"; old {statistics.median(o[r][col] for r in olds):9.3f} ratio {ro:5.2f}x"
+    print(line)
 '

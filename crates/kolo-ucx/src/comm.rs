@@ -7,6 +7,7 @@
 //! control plane.
 
 use crate::hierarchical;
+use crate::rails;
 use crate::result::{self, UcsError};
 use crate::safe::wait::{wait_all, InFlight, Interrupter, WaitError, SPIN_POLLS};
 use crate::safe::worker::{buffer_ptr, plain_params, Endpoint, PeerState, Worker};
@@ -14,7 +15,7 @@ use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
 use kolo_protocol::ReduceOp;
 use kolo_rendezvous::{Client, Rendezvous};
-use kolo_transport::algorithms::{self, hierarchical_allreduce, HostLayout};
+use kolo_transport::algorithms::{self, hierarchical_allreduce, rail_allreduce, HostLayout};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
 use kolo_transport::{
     Collectives, Controller, Element, Lane, Result, Scale, Topology, TransportError,
@@ -73,6 +74,9 @@ pub struct UcxComm {
     /// [`crate::hierarchical`]); shared so that an allreduce can hold it
     /// while it borrows the communicator.
     hierarchy: Option<Arc<HostLayout>>,
+    /// The second rail of a world communicator over TCP (see
+    /// [`crate::rails`]), closed after this one's endpoints.
+    pub(crate) rail: Option<Box<UcxComm>>,
     pub(crate) worker: Worker,
 }
 
@@ -88,11 +92,24 @@ impl UcxComm {
 
     /// Connects to every rank of `rendezvous`'s job: every rank's worker
     /// address is exchanged through the store, then an endpoint made to
-    /// each (every rank calls it).
+    /// each (every rank calls it). Its large allreduces go over two rails
+    /// where every rank asks for it (see [`crate::rails`]).
     pub fn connect(rendezvous: &mut Rendezvous) -> std::result::Result<UcxComm, UcxError> {
+        let rails = rails::requested(|name| std::env::var(name).ok()).map_err(UcxError::Setting)?;
         let everyone: Vec<usize> = (0..rendezvous.world_size()).collect();
         let comm = UcxComm::connect_ranks(rendezvous, &everyone)?;
-        Ok(comm.expect("every rank is a member"))
+        let mut comm = comm.expect("every rank is a member");
+        comm.rail = rails::connect(rendezvous, &comm, rails)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(rail) = comm.rail.as_mut() {
+            // Two waiting threads a process: spinning ones would keep the
+            // ranks they wait for off the cores.
+            if 2 * rendezvous.local_world_size() > cores {
+                rail.spin_polls = 0;
+                comm.spin_polls = 0;
+            }
+        }
+        Ok(comm)
     }
 
     /// A communicator of `members` (ranks of `rendezvous`'s job, in the
@@ -222,7 +239,7 @@ impl UcxComm {
     /// The communicator of this process's `worker`, rank `rank` among
     /// members with `addresses` on `hosts`, `local_world` processes on
     /// this host.
-    fn assemble(
+    pub(crate) fn assemble(
         worker: Worker,
         rank: usize,
         hosts: &[u64],
@@ -244,6 +261,7 @@ impl UcxComm {
             spin_polls,
             interrupter: Interrupter::default(),
             hierarchy,
+            rail: None,
             worker,
         })
     }
@@ -470,13 +488,23 @@ impl Topology for UcxComm {
 impl Collectives for UcxComm {
     /// The generic allreduce, or the hierarchical one where this
     /// communicator agreed on it at connect time and the buffer is large
-    /// enough (`KOLO_HIERARCHICAL_ALLREDUCE`): the same on every rank, as
-    /// they agreed and pass the same length.
+    /// enough (`KOLO_HIERARCHICAL_ALLREDUCE`), or the generic one over two
+    /// rails where it has a second (see [`crate::rails`]) and the buffer
+    /// is large enough: the same on every rank, as they agreed and pass
+    /// the same length.
     fn allreduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, scale: Scale) -> Result<()> {
         match &self.hierarchy {
             Some(layout) if std::mem::size_of_val(buf) >= hierarchical::MIN_BYTES => {
                 let layout = Arc::clone(layout);
                 hierarchical_allreduce(self, &layout, buf, op, scale)
+            }
+            _ if std::mem::size_of_val(buf) >= rails::MIN_BYTES && self.rail.is_some() => {
+                let Some(mut rail) = self.rail.take() else {
+                    return algorithms::allreduce(self, buf, op, scale);
+                };
+                let outcome = rail_allreduce(&mut [&mut *self, &mut *rail], buf, op, scale);
+                self.rail = Some(rail);
+                outcome
             }
             _ => algorithms::allreduce(self, buf, op, scale),
         }

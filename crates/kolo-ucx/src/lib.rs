@@ -7,7 +7,10 @@
 //! algorithms, and the control plane as probed variable-size messages.
 //! `KOLO_HIERARCHICAL_ALLREDUCE=1` on every rank makes the allreduce of a
 //! job of several hosts hierarchical (Horovod's): reduce-scatter in each
-//! host, allreduce across hosts, allgather in each host.
+//! host, allreduce across hosts, allgather in each host. Over TCP alone
+//! (`UCX_TLS=tcp,self`) a world communicator's large allreduces go over
+//! two rails (two workers, each on a thread), `KOLO_UCX_RAILS` says
+//! otherwise.
 //! A peer that dies is an error naming it (UCX's peer error handling), not
 //! a hang.
 //!
@@ -49,6 +52,7 @@ mod comm;
 mod control;
 mod hierarchical;
 mod lanes;
+mod rails;
 pub mod result;
 pub mod safe;
 pub mod sys;

@@ -12,6 +12,7 @@
 //! | broadcast                 | binomial tree from any root                       | `ceil(log2 n)` |
 //! | alltoallv                 | pairwise exchange                                 | `n - 1`        |
 //! | hierarchical allreduce    | ring in each host, across hosts, in each host     | `2 (k + h - 2)`|
+//! | rail allreduce            | one part per rail (communicator), each on a thread | as allreduce  |
 //! | barrier                   | dissemination                                     | `ceil(log2 n)` |
 //!
 //! Every algorithm checks its arguments first (count lists of length
@@ -25,6 +26,7 @@ mod dissemination_barrier;
 mod generic;
 mod hierarchical;
 mod pairwise_alltoallv;
+mod rails;
 pub mod recursive_doubling;
 mod ring_allgatherv;
 mod ring_allreduce;
@@ -37,6 +39,7 @@ pub use dissemination_barrier::dissemination_barrier;
 pub use generic::Generic;
 pub use hierarchical::{hierarchical_allreduce, HostLayout};
 pub use pairwise_alltoallv::pairwise_alltoallv;
+pub use rails::{rail_allreduce, rail_parts};
 pub use recursive_doubling::recursive_doubling_allreduce;
 pub use ring_allgatherv::ring_allgatherv;
 pub use ring_allreduce::{allreduce, ring_allreduce, SHORT_ALLREDUCE_BYTES};

@@ -17,7 +17,7 @@ use kolo::{DataType, Error, Kolo, ReduceOp, ReduceOptions, TensorGroup};
 use std::time::{Duration, Instant};
 
 mod memory;
-pub use memory::{held_kib, resident_kib, settle_allocator};
+pub use memory::{heap_in_use_kib, held_kib, resident_kib, settle_allocator};
 
 /// What a soak run does.
 #[derive(Clone, Debug)]
@@ -48,6 +48,8 @@ pub struct SoakReport {
     pub rss: Vec<(f64, u64)>,
     /// The resident KiB just before, with the fusion buffers (rank 0).
     pub rss_cached: Vec<u64>,
+    /// The KiB of live heap allocations with each `rss` sample (rank 0).
+    pub heap: Vec<u64>,
     /// This rank's fusion buffers in KiB at each sample (every rank).
     pub fusion_kib: Vec<u64>,
 }
@@ -535,6 +537,7 @@ pub fn soak_rank(kolo: &Kolo, options: &SoakOptions) -> Result<SoakReport, Error
             kolo.barrier()?;
             if kolo.rank() == 0 {
                 report.rss.push((elapsed.as_secs_f64(), held_kib()));
+                report.heap.push(heap_in_use_kib());
                 next_sample = elapsed + options.sample_every;
             }
             kolo.barrier()?;

@@ -128,6 +128,12 @@ fn main() -> ExitCode {
             .map(|&kib| format!("{} MiB", kib >> 10))
             .collect();
         println!("soak: resident memory before: {}", cached.join(", "));
+        let heap: Vec<String> = first
+            .heap
+            .iter()
+            .map(|&kib| format!("{:.1} MiB", kib as f64 / 1024.0))
+            .collect();
+        println!("soak: live heap after releasing: {}", heap.join(", "));
         // The fusion buffers of this process's ranks together, per sample.
         let fusion: Vec<String> = (0..first.fusion_kib.len())
             .map(|i| {

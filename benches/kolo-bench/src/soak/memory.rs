@@ -30,6 +30,22 @@ pub fn held_kib() -> u64 {
     resident_kib()
 }
 
+/// The bytes this process's live allocations take in glibc's heap (all
+/// arenas and mapped chunks), in KiB: what a leak raises, unlike the
+/// pages fragmentation keeps resident (0 off glibc).
+pub fn heap_in_use_kib() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let info = unsafe { libc::mallinfo2() };
+        ((info.uordblks + info.hblkhd) / 1024) as u64
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        0
+    }
+}
+
 /// This process's resident memory in KiB (0 where /proc is missing).
 pub fn resident_kib() -> u64 {
     std::fs::read_to_string("/proc/self/statm")

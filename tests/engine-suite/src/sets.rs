@@ -28,7 +28,8 @@ fn layouts(n: usize) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
 
 /// False where the backend refuses sets by design, after checking that
 /// it says why (MPI without `MPI_THREAD_MULTIPLE`: a set's engine needs
-/// a thread of its own): a set of this rank alone, which needs no peer.
+/// a thread of its own; the GPU engines, which make none yet): a set of
+/// this rank alone, which needs no peer.
 fn sets_made(kolo: &Kolo) -> Result<bool, Error> {
     match kolo.process_set(&[kolo.rank()]) {
         Ok(alone) => {
@@ -38,6 +39,11 @@ fn sets_made(kolo: &Kolo) -> Result<bool, Error> {
             Ok(true)
         }
         Err(Error::ProcessSet { reason, .. }) if reason.contains("MPI_THREAD_MULTIPLE") => {
+            Ok(false)
+        }
+        Err(Error::ProcessSet { reason, .. })
+            if kolo.gpu().is_some() && reason.contains("cannot make process sets") =>
+        {
             Ok(false)
         }
         Err(e) => Err(e),

@@ -85,14 +85,11 @@
 //! GPU test binaries.
 
 use crate::kernels::allreduce_units::Emitter;
+pub use crate::kernels::allreduce_units::{ArDtype, MAX_BLOCKS, MAX_RANKS};
 use crate::kernels::scale_ptx::{PTX_TARGET, PTX_VERSION};
 use kolo_protocol::DataType;
 use std::fmt::Write;
 
-/// The most ranks (peer buffers) a kernel handles.
-pub const MAX_RANKS: usize = 8;
-/// The most CTAs of one launch (the flag slots per phase and sender).
-pub const MAX_BLOCKS: u32 = 32;
 /// Threads per CTA (at least [`MAX_RANKS`]: threads `0..world` signal).
 pub const BLOCK_THREADS: u32 = 512;
 /// Flag phases: the input is in; (two-shot) the reduced slice is in.
@@ -109,17 +106,6 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter of slices, then all-gather of the reduced slices.
     TwoShot,
-}
-
-/// The element types the kernels handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ArDtype {
-    /// f32 in f32.
-    F32,
-    /// f16 through f32.
-    F16,
-    /// bf16 through f32.
-    Bf16,
 }
 
 impl ArDtype {

@@ -8,7 +8,21 @@
 //! round into `%rs4..` (halves). [`Emitter`] assembles them into loops,
 //! peer selections and the flag barrier.
 
-use crate::kernels::allreduce_ptx::{ArDtype, MAX_BLOCKS, MAX_RANKS};
+/// The most ranks (peer buffers) a kernel handles.
+pub const MAX_RANKS: usize = 8;
+/// The most CTAs of one launch (the flag slots per phase and sender).
+pub const MAX_BLOCKS: u32 = 32;
+
+/// The element types the kernels handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArDtype {
+    /// f32 in f32.
+    F32,
+    /// f16 through f32.
+    F16,
+    /// bf16 through f32.
+    Bf16,
+}
 
 /// The words of a unit.
 const WORDS: [&str; 4] = ["%r5", "%r6", "%r7", "%r8"];

@@ -32,7 +32,9 @@ impl Kolo {
 }
 
 impl<'scope> Scope<'scope, '_> {
-    /// Submits a barrier (see [`Kolo::barrier`]).
+    /// Submits a barrier (see [`Kolo::barrier`]). A rank may have up to
+    /// 16 barriers in flight at once (their names repeat every 16 calls);
+    /// one more fails with [`Error::DuplicateName`].
     pub fn barrier_async(&self) -> Result<Handle<'scope, ()>, Error> {
         let kolo = self.kolo();
         let name = kolo.next_barrier_name();
@@ -45,7 +47,8 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Submits this rank's join (see [`Kolo::join`]); the handle returns
-    /// the last rank to join.
+    /// the last rank to join. Up to 16 joins may be in flight at once, as
+    /// for [`Scope::barrier_async`].
     pub fn join_async(&self) -> Result<Handle<'scope, usize>, Error> {
         let kolo = self.kolo();
         let name = kolo.next_join_name();

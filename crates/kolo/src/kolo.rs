@@ -298,18 +298,32 @@ impl Kolo {
     }
 
     /// The next name of an internal barrier (the same sequence on every
-    /// rank, as every rank calls `barrier` the same number of times).
+    /// rank, as every rank calls `barrier` the same number of times; see
+    /// [`control_name`]).
     pub(crate) fn next_barrier_name(&self) -> String {
-        format!(
-            "__kolo/barrier.{}",
-            self.barriers.fetch_add(1, Ordering::Relaxed)
-        )
+        control_name("barrier", self.barriers.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The next name of a join.
+    /// The next name of a join (see [`control_name`]).
     pub(crate) fn next_join_name(&self) -> String {
-        format!("__kolo/join.{}", self.joins.fetch_add(1, Ordering::Relaxed))
+        control_name("join", self.joins.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// How many names a rank's barriers (and, apart, its joins) cycle
+/// through: also how many it may have in flight at once (a name is
+/// refused while in flight).
+pub(crate) const CONTROL_NAMES: u64 = 16;
+
+/// The name of the `n`th barrier or join (`kind`) of a rank. The names
+/// repeat every [`CONTROL_NAMES`] calls: a name of its own per call would
+/// give every barrier a tensor id that the table, the coordinator (names,
+/// per-id requests) and the response cache keep until thousands of names
+/// have piled up (the table reclaims ids only from 4096 names on), about
+/// 1.3 KiB per rank per barrier; a repeated name reuses its id and hits
+/// the response cache like a training step's tensors.
+pub(crate) fn control_name(kind: &str, n: u64) -> String {
+    format!("__kolo/{kind}.{}", n % CONTROL_NAMES)
 }
 
 impl std::fmt::Debug for Kolo {

@@ -17,7 +17,9 @@ use kolo::{DataType, Error, Kolo, ReduceOp, ReduceOptions, TensorGroup};
 use std::time::{Duration, Instant};
 
 mod memory;
+mod report;
 pub use memory::{heap_in_use_kib, held_kib, resident_kib, settle_allocator};
+pub use report::SoakReport;
 
 /// What a soak run does.
 #[derive(Clone, Debug)]
@@ -30,28 +32,6 @@ pub struct SoakOptions {
     pub max_bytes: usize,
     /// How often rank 0 samples the resident memory.
     pub sample_every: Duration,
-}
-
-/// What one rank saw.
-#[derive(Clone, Debug, Default)]
-pub struct SoakReport {
-    /// Steps run.
-    pub steps: u64,
-    /// Operations checked.
-    pub operations: u64,
-    /// Result elements that differed from the reference.
-    pub wrong: u64,
-    /// The first wrong result, described.
-    pub first_wrong: Option<String>,
-    /// `(seconds since the start, resident KiB)` after every rank
-    /// released its fusion buffers, sampled (rank 0).
-    pub rss: Vec<(f64, u64)>,
-    /// The resident KiB just before, with the fusion buffers (rank 0).
-    pub rss_cached: Vec<u64>,
-    /// The KiB of live heap allocations with each `rss` sample (rank 0).
-    pub heap: Vec<u64>,
-    /// This rank's fusion buffers in KiB at each sample (every rank).
-    pub fusion_kib: Vec<u64>,
 }
 
 /// splitmix64: a small deterministic generator, the same on every rank.
@@ -523,24 +503,8 @@ pub fn soak_rank(kolo: &Kolo, options: &SoakOptions) -> Result<SoakReport, Error
         kolo.allreduce("soak.step", &mut word, ReduceOp::Max)?;
         stop[0] = word[0] & 1;
         if word[0] & 2 != 0 {
-            // Every rank's step is over and its own buffers freed: rank 0
-            // samples what the process holds while the others wait, then
-            // again once every rank released its fusion buffers.
-            report
-                .fusion_kib
-                .push(kolo.stats().fusion_buffer_bytes >> 10);
-            if kolo.rank() == 0 {
-                report.rss_cached.push(held_kib());
-            }
-            kolo.barrier()?;
-            kolo.release_buffers()?;
-            kolo.barrier()?;
-            if kolo.rank() == 0 {
-                report.rss.push((elapsed.as_secs_f64(), held_kib()));
-                report.heap.push(heap_in_use_kib());
-                next_sample = elapsed + options.sample_every;
-            }
-            kolo.barrier()?;
+            report.sample(kolo, elapsed)?;
+            next_sample = elapsed + options.sample_every;
         }
     }
     Ok(report)

@@ -93,6 +93,12 @@ pub enum NcclError {
     /// The communicator was shut down before the operation completed.
     #[error("the NCCL communicator was shut down")]
     ShutDown,
+    /// The completion thread's watchdog aborted the communicator
+    /// (`ncclCommAbort`) after an operation timed out or NCCL reported an
+    /// asynchronous error; that first failure is what the pending
+    /// operations failed with.
+    #[error("the NCCL communicator was aborted after an earlier failure")]
+    Aborted,
     /// The control plane (the borrowed [`kolo_transport::Controller`]) failed.
     #[error("control plane: {0}")]
     Control(#[from] TransportError),

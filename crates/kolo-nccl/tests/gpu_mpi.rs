@@ -12,7 +12,7 @@ mod gpu;
 #[path = "gpu/peer_group.rs"]
 mod peer_group;
 
-use gpu::{Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use gpu::{watchdog, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_mpi::launcher::{mpirun_self, under_mpirun};
 use kolo_mpi::MpiComm;
 use kolo_nccl::{NcclComm, NcclOptions};
@@ -129,7 +129,9 @@ fn rank_main() -> i32 {
                 },
             );
             gpu::run_all(&mut comm, &mut mpi, &mut report);
+            let ordinal = comm.device().ordinal();
             gpu::close(comm, &mut report);
+            watchdog::run(&mut mpi, ordinal, &mut report);
         }
         Err(e) => report.check("NcclComm::init over MPI", Err(e.to_string())),
     }

@@ -15,7 +15,7 @@ mod peer_allreduce;
 #[path = "gpu/peer_group.rs"]
 mod peer_group;
 
-use gpu::{transactions, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
+use gpu::{transactions, watchdog, Report, OP_TIMEOUT, TEARDOWN_TIMEOUT};
 use kolo_nccl::{CopyEngine, NcclComm, NcclOptions};
 use kolo_transport::Topology;
 
@@ -169,6 +169,7 @@ fn run_threads(n: usize) -> bool {
             }
             Err(e) => report.check("copy engines: init", Err(e.to_string())),
         }
+        watchdog::run(ctrl, comm.device().ordinal(), &mut report);
         Ok(report)
     });
     match results {

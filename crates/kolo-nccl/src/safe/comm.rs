@@ -14,7 +14,7 @@ use crate::safe::completion::{Completer, Entry};
 use crate::safe::copy_engine::CopyEngines;
 use crate::safe::device::{Device, EventFence};
 use crate::safe::peer_buffers::PeerBuffers;
-use crate::safe::raw_comm::RawComm;
+use crate::safe::raw_comm::{InUse, RawComm};
 use crate::safe::teardown::{teardown, Teardown};
 use crate::safe::work::{Health, Work};
 use cudarc::driver::CudaSlice;
@@ -153,7 +153,7 @@ impl NcclComm {
         device.bind()?;
 
         let health = Arc::new(Health::new(rank));
-        let probe = raw.probe();
+        let watchdog = raw.watchdog();
         let ctx = device.context().clone();
         let completer = Completer::start(
             format!("kolo-nccl-done-{rank}"),
@@ -163,7 +163,7 @@ impl NcclComm {
                 ctx.bind_to_thread()
                     .map_err(NcclError::on_cuda("cuCtxSetCurrent"))
             }),
-            Box::new(move || probe.check()),
+            Box::new(watchdog),
         )?;
         Ok(NcclComm {
             device,
@@ -250,8 +250,10 @@ impl NcclComm {
         self.track("flush")
     }
 
-    pub(crate) fn raw(&self) -> Result<&RawComm, NcclError> {
-        self.raw.as_ref().ok_or(NcclError::ShutDown)
+    /// The NCCL communicator for this thread's calls: the completion
+    /// thread's watchdog does not abort it until the guard is dropped.
+    pub(crate) fn raw(&self) -> Result<InUse<'_>, NcclError> {
+        self.raw.as_ref().ok_or(NcclError::ShutDown)?.enter()
     }
 
     /// Records a pooled event after the work enqueued so far and hands it

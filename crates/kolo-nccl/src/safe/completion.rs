@@ -11,6 +11,7 @@
 //! reports a failure.
 
 use crate::error::NcclError;
+use crate::safe::raw_comm::Watchdog;
 use crate::safe::work::{Health, WorkState};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
@@ -178,25 +179,48 @@ pub(crate) struct Completer<F: Fence> {
     health: Arc<Health>,
 }
 
-/// Asks NCCL whether the communicator failed asynchronously.
-pub(crate) type HealthCheck = Box<dyn FnMut() -> Option<NcclError> + Send>;
+/// The completion thread's hold on the communicator.
+pub(crate) trait Watch: Send + 'static {
+    /// NCCL's asynchronous error, once it recorded one.
+    fn check(&mut self) -> Option<NcclError>;
+    /// Ends what the device still runs for the communicator after a
+    /// failure, so that no kernel and no host thread waits for it forever;
+    /// `true` when this call aborted it.
+    fn abort(&mut self) -> bool;
+}
+
+impl Watch for Watchdog {
+    fn check(&mut self) -> Option<NcclError> {
+        Watchdog::check(self)
+    }
+
+    fn abort(&mut self) -> bool {
+        Watchdog::abort(self, ABORT_WAIT)
+    }
+}
+
+/// How long the watchdog waits for a call into the communicator under way
+/// before it aborts beneath it (see [`Watchdog::abort`]).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 /// Runs first on the thread (binds the device's CUDA context).
 pub(crate) type ThreadInit = Box<dyn FnOnce() -> Result<(), NcclError> + Send>;
 
 impl<F: Fence> Completer<F> {
-    /// Starts the thread `name`. `check` is polled every few milliseconds.
+    /// Starts the thread `name`. `watch` is asked for NCCL's asynchronous
+    /// error every few milliseconds, and told to abort once this thread
+    /// fails the pending work (a timeout, a device or an NCCL error).
     pub(crate) fn start(
         name: String,
         timeout: Duration,
         health: Arc<Health>,
         init: ThreadInit,
-        check: HealthCheck,
+        watch: Box<dyn Watch>,
     ) -> Result<Self, NcclError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let thread_health = health.clone();
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(rx, Queue::new(timeout), thread_health, init, check))
+            .spawn(move || run(rx, Queue::new(timeout), thread_health, init, watch))
             .map_err(|e| {
                 NcclError::InvalidArgument(format!("cannot start the completion thread: {e}"))
             })?;
@@ -241,7 +265,7 @@ fn run<F: Fence>(
     mut queue: Queue<F>,
     health: Arc<Health>,
     init: ThreadInit,
-    mut check: HealthCheck,
+    mut watch: Box<dyn Watch>,
 ) {
     if let Err(e) = init() {
         health.fail(&e);
@@ -280,14 +304,22 @@ fn run<F: Fence>(
             queue.fail_all(&health.broken_error());
         }
         let progress = queue.poll(now);
-        if let Some(cause) = &progress.failure {
-            health.fail(cause);
-        }
+        let mut failed = progress.failure.clone();
         if now.duration_since(last_check) >= HEALTH_PERIOD {
             last_check = now;
-            if let Some(cause) = check() {
+            if let Some(cause) = watch.check() {
                 health.fail(&cause);
                 queue.fail_all(&cause);
+                failed.get_or_insert(cause);
+            }
+        }
+        // The waiters have their errors; now end what still runs on the
+        // device, without waiting for the owner to tear the communicator
+        // down.
+        if let Some(cause) = failed {
+            health.fail(&cause);
+            if watch.abort() {
+                health.note_aborted();
             }
         }
         if progress.completed == 0 && progress.pending > 0 {
@@ -303,7 +335,7 @@ fn run<F: Fence>(
 mod tests {
     use super::*;
     use crate::safe::work::Work;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     /// Done once its flag is set; fails when asked to.
     struct FakeFence {
@@ -413,26 +445,59 @@ mod tests {
         assert!(a.poll().unwrap().is_err() && b.poll().unwrap().is_err());
     }
 
-    #[test]
-    fn the_thread_completes_work_and_reports_async_errors() {
-        let health = Arc::new(Health::new(0));
-        let fail_now = Arc::new(AtomicBool::new(false));
-        let check_flag = fail_now.clone();
-        let check: HealthCheck = Box::new(move || {
-            check_flag.load(Ordering::SeqCst).then(|| NcclError::Nccl {
+    /// Reports an asynchronous error once `fail` is set; counts aborts.
+    #[derive(Clone, Default)]
+    struct FakeWatch {
+        fail: Arc<AtomicBool>,
+        aborts: Arc<AtomicUsize>,
+    }
+
+    impl Watch for FakeWatch {
+        fn check(&mut self) -> Option<NcclError> {
+            self.fail.load(Ordering::SeqCst).then(|| NcclError::Nccl {
                 call: "asynchronous operation",
                 code: 6,
                 message: "remote process exited".into(),
             })
-        });
-        let mut completer: Completer<FakeFence> = Completer::start(
+        }
+
+        fn abort(&mut self) -> bool {
+            self.aborts.fetch_add(1, Ordering::SeqCst) == 0
+        }
+    }
+
+    impl FakeWatch {
+        /// Whether the thread aborts within 10 s: it does so right after
+        /// failing the handles, which wakes their waiters first.
+        fn aborted_soon(&self) -> bool {
+            let since = Instant::now();
+            while self.aborts.load(Ordering::SeqCst) == 0 {
+                if since.elapsed() > Duration::from_secs(10) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            true
+        }
+    }
+
+    fn started(timeout: Duration, health: &Arc<Health>, watch: &FakeWatch) -> Completer<FakeFence> {
+        Completer::start(
             "test-completion".into(),
-            Duration::from_secs(30),
+            timeout,
             health.clone(),
             Box::new(|| Ok(())),
-            check,
+            Box::new(watch.clone()),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn the_thread_completes_work_and_reports_async_errors() {
+        let health = Arc::new(Health::new(0));
+        let watch = FakeWatch::default();
+        let fail_now = watch.fail.clone();
+        let mut completer = started(Duration::from_secs(30), &health, &watch);
         let done = Arc::new(AtomicBool::new(false));
         let (first, e) = entry(&done, false, Instant::now());
         completer.track(e);
@@ -446,6 +511,7 @@ mod tests {
         let err = stuck.wait_timeout(Duration::from_secs(10)).unwrap_err();
         assert!(err.to_string().contains("remote process exited"), "{err}");
         assert!(health.is_broken());
+        assert!(watch.aborted_soon(), "the watchdog aborts");
         // Once broken, new work fails at once.
         let (late, e) = entry(&done, false, Instant::now());
         completer.track(e);
@@ -456,18 +522,39 @@ mod tests {
     #[test]
     fn stopping_fails_pending_work_with_shutdown() {
         let health = Arc::new(Health::new(0));
-        let mut completer: Completer<FakeFence> = Completer::start(
-            "test-completion".into(),
-            Duration::from_secs(30),
-            health,
-            Box::new(|| Ok(())),
-            Box::new(|| None),
-        )
-        .unwrap();
+        let watch = FakeWatch::default();
+        let mut completer = started(Duration::from_secs(30), &health, &watch);
         let never = Arc::new(AtomicBool::new(false));
         let (work, e) = entry(&never, false, Instant::now());
         completer.track(e);
         completer.stop();
         assert_eq!(work.wait(), Err(NcclError::ShutDown));
+        assert_eq!(
+            watch.aborts.load(Ordering::SeqCst),
+            0,
+            "a shutdown leaves the communicator to its teardown"
+        );
+    }
+
+    #[test]
+    fn a_timeout_aborts_the_communicator_at_once() {
+        let health = Arc::new(Health::new(1));
+        let watch = FakeWatch::default();
+        let mut completer = started(Duration::from_millis(50), &health, &watch);
+        let never = Arc::new(AtomicBool::new(false));
+        let (stuck, e) = entry(&never, false, Instant::now());
+        completer.track(e);
+        let err = stuck.wait_timeout(Duration::from_secs(10)).unwrap_err();
+        assert!(
+            matches!(&err, NcclError::Timeout { what, .. } if what.contains("allreduce")),
+            "{err}"
+        );
+        assert!(watch.aborted_soon(), "no abort after the timeout");
+        let broken = health.check().unwrap_err().to_string();
+        assert!(
+            broken.contains("timed out") && broken.contains("aborted"),
+            "{broken}"
+        );
+        completer.stop();
     }
 }

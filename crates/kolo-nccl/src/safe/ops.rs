@@ -60,7 +60,7 @@ impl NcclComm {
                 return Ok(());
             }
             let stream = comm.device.stream().clone();
-            call(&stream, comm.raw()?)
+            call(&stream, &*comm.raw()?)
         })
     }
 

@@ -103,8 +103,8 @@ impl NcclComm {
                 // until the stream reaches the group (cudarc's events);
                 // peers checked.
                 grouped(|| unsafe {
-                    transfer(End::Send, s, send_bytes, dst, raw, &stream)?;
-                    transfer(End::Recv, r, recv_bytes, src, raw, &stream)
+                    transfer(End::Send, s, send_bytes, dst, &raw, &stream)?;
+                    transfer(End::Recv, r, recv_bytes, src, &raw, &stream)
                 })
             },
         )
@@ -171,7 +171,7 @@ impl NcclComm {
                     // SAFETY: `ptr` spans the buffer's `bytes`, alive until
                     // the stream reaches the group (cudarc's events,
                     // recorded when `guards` drop); peer checked.
-                    unsafe { transfer(end, ptr, bytes, peer, raw, &stream) }?;
+                    unsafe { transfer(end, ptr, bytes, peer, &raw, &stream) }?;
                 }
                 Ok(())
             })

@@ -5,6 +5,14 @@
 //! else here is safe: a reduction whose PreMulSum is destroyed after use,
 //! groups that always end, and the ends of a communicator (finalize,
 //! destroy, abort) consuming it.
+//!
+//! NCCL forbids two threads calling into one communicator at once, and
+//! `ncclCommAbort` frees it. The completion thread's [`Watchdog`] aborts
+//! the communicator when an operation times out or NCCL reports an
+//! asynchronous error, so that the kernels waiting for a peer that will
+//! never come end and the stream moves on. The [`Gate`] keeps that abort
+//! away from the owner's calls: the owner enqueues through [`InUse`],
+//! which holds the gate, and every call after the abort is refused.
 
 use crate::error::NcclError;
 use crate::reduce_plan::{scalar_bytes, NativeOp, NcclType, ReduceKind, ReducePlan};
@@ -13,12 +21,47 @@ use crate::safe::teardown::Teardown;
 use crate::sys;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// An initialised `ncclComm_t`. Dropping it aborts it (never blocks on
 /// peers); [`RawComm::finalize`] ends it cleanly.
 pub(crate) struct RawComm {
     comm: sys::Comm,
+    gate: Arc<Gate>,
+}
+
+/// Who may call into the communicator: the owner's enqueues hold `calls`
+/// (re-entrant: a group's calls nest), and the watchdog aborts only while
+/// holding it, so no enqueue is half-way through the communicator it frees.
+/// `aborted` is set once, under `calls`, by whoever aborted or destroyed it.
+#[derive(Default)]
+pub(crate) struct Gate {
+    calls: ReentrantMutex<()>,
+    aborted: AtomicBool,
+}
+
+impl Gate {
+    fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+}
+
+/// The communicator while this thread may call into it: the watchdog
+/// waits for the guard to drop before aborting.
+pub(crate) struct InUse<'c> {
+    raw: &'c RawComm,
+    _calls: ReentrantMutexGuard<'c, ()>,
+}
+
+impl std::ops::Deref for InUse<'_> {
+    type Target = RawComm;
+    fn deref(&self) -> &RawComm {
+        self.raw
+    }
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as no
@@ -39,9 +82,10 @@ pub(crate) struct Reduction<'c> {
 
 impl Drop for Reduction<'_> {
     fn drop(&mut self) {
-        if let Some(comm) = self.premul {
-            // SAFETY: created for this live communicator by `reduction`;
-            // no call uses it after this guard is dropped.
+        if let Some(comm) = self.premul.filter(|c| !c.gate.is_aborted()) {
+            // SAFETY: created for this communicator by `reduction`, which
+            // is live (not aborted); no call uses it after this guard is
+            // dropped.
             let _ = unsafe { result::red_op_destroy(self.op, comm.comm) };
         }
     }
@@ -66,13 +110,39 @@ impl RawComm {
         // SAFETY: the caller (`NcclComm::init`) bound the device's context;
         // every rank passes the same `nranks` and `id`.
         let comm = unsafe { result::comm_init_rank(n, id, r) }?;
-        Ok(RawComm { comm })
+        Ok(RawComm {
+            comm,
+            gate: Arc::default(),
+        })
     }
 
-    /// A probe of this communicator's asynchronous error, for the
-    /// completion thread.
-    pub(crate) fn probe(&self) -> AsyncProbe {
-        AsyncProbe { comm: self.comm }
+    /// The communicator for this thread's calls, until the guard drops;
+    /// refused once the watchdog aborted it.
+    pub(crate) fn enter(&self) -> Result<InUse<'_>, NcclError> {
+        let calls = self.gate.calls.lock();
+        self.live()?;
+        Ok(InUse {
+            raw: self,
+            _calls: calls,
+        })
+    }
+
+    /// The watchdog of this communicator, for the completion thread.
+    pub(crate) fn watchdog(&self) -> Watchdog {
+        Watchdog {
+            comm: self.comm,
+            gate: self.gate.clone(),
+        }
+    }
+
+    /// The handle for one call, unless the watchdog aborted it (checked
+    /// again before every call: see [`Watchdog::abort`] for the one case
+    /// where it aborts while a call is under way).
+    fn live(&self) -> Result<sys::Comm, NcclError> {
+        if self.gate.is_aborted() {
+            return Err(NcclError::Aborted);
+        }
+        Ok(self.comm)
     }
 
     /// The NCCL operation of `plan`, creating its PreMulSum when it needs one.
@@ -85,8 +155,9 @@ impl RawComm {
             ReduceKind::PreMulSum(factor) => {
                 let mut scalar = scalar_bytes(plan.dtype, factor);
                 // SAFETY: the communicator is live while `self` is.
-                let op =
-                    unsafe { result::pre_mul_sum(&mut scalar, data_type(plan.dtype), self.comm) }?;
+                let op = unsafe {
+                    result::pre_mul_sum(&mut scalar, data_type(plan.dtype), self.live()?)
+                }?;
                 Ok(Reduction {
                     op,
                     premul: Some(self),
@@ -121,7 +192,7 @@ impl RawComm {
                 count,
                 data_type(dtype),
                 op.op,
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -149,7 +220,7 @@ impl RawComm {
                 count,
                 data_type(dtype),
                 op.op,
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -180,7 +251,7 @@ impl RawComm {
                 data_type(dtype),
                 op.op,
                 c_rank(root),
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -209,7 +280,7 @@ impl RawComm {
                 bytes,
                 sys::dtype::UINT8,
                 c_rank(root),
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -234,7 +305,7 @@ impl RawComm {
                 dev(recv),
                 bytes,
                 sys::dtype::UINT8,
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -262,7 +333,7 @@ impl RawComm {
                 bytes,
                 sys::dtype::UINT8,
                 c_rank(peer),
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -289,7 +360,7 @@ impl RawComm {
                 bytes,
                 sys::dtype::UINT8,
                 c_rank(peer),
-                self.comm,
+                self.live()?,
                 stream.cu_stream(),
             )
         }
@@ -299,12 +370,18 @@ impl RawComm {
     /// finalizing fails. Blocks while NCCL waits for the peers, so the
     /// teardown runs it on a thread of its own.
     pub(crate) fn finalize(self) -> Teardown {
-        // SAFETY: the communicator is live and used by this thread only.
-        if unsafe { result::comm_finalize(self.comm) }.is_err() {
+        let Ok(comm) = self.live() else {
+            return Teardown::Aborted;
+        };
+        // SAFETY: the communicator is live (not aborted) and used by this
+        // thread only: its owner gave it up, and the completion thread,
+        // whose watchdog could abort it, was stopped first.
+        if unsafe { result::comm_finalize(comm) }.is_err() {
             return self.abort();
         }
-        let comm = self.into_handle();
-        // SAFETY: live and finalized; released here, never used again.
+        self.gate.aborted.store(true, Ordering::Release);
+        // SAFETY: live and finalized; released here, never used again
+        // (`aborted` is set: the drop below calls nothing).
         let _ = unsafe { result::comm_destroy(comm) };
         Teardown::Finalized
     }
@@ -314,42 +391,69 @@ impl RawComm {
         drop(self);
         Teardown::Aborted
     }
-
-    fn into_handle(self) -> sys::Comm {
-        let comm = self.comm;
-        std::mem::forget(self);
-        comm
-    }
 }
 
 impl Drop for RawComm {
     fn drop(&mut self) {
-        // SAFETY: the communicator is live and never used again.
-        let _ = unsafe { result::comm_abort(self.comm) };
+        let _calls = self.gate.calls.lock();
+        if !self.gate.aborted.swap(true, Ordering::AcqRel) {
+            // SAFETY: the communicator is live (no one aborted or
+            // destroyed it) and never used again.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
     }
 }
 
-/// Asks NCCL for a communicator's asynchronous error from another thread.
+/// The completion thread's hold on a communicator: it asks NCCL for
+/// asynchronous errors, and aborts the communicator when an operation
+/// failed or outlived the timeout.
 ///
 /// Valid while its [`RawComm`] lives: `NcclComm` stops the completion
-/// thread (which owns the probe) before tearing the communicator down.
-pub(crate) struct AsyncProbe {
+/// thread (which owns the watchdog) before tearing the communicator down,
+/// and after an abort the watchdog calls nothing.
+pub(crate) struct Watchdog {
     comm: sys::Comm,
+    gate: Arc<Gate>,
 }
 
 // SAFETY: `ncclCommGetAsyncError` is documented as callable while other
-// threads use the communicator (watchdog threads rely on it); the handle
-// stays valid as explained on the type.
-unsafe impl Send for AsyncProbe {}
+// threads use the communicator (watchdog threads rely on it), and the
+// abort is serialised with the owner's calls by the gate; the handle stays
+// valid as explained on the type.
+unsafe impl Send for Watchdog {}
 
-impl AsyncProbe {
+impl Watchdog {
     /// `Some(error)` once NCCL recorded an asynchronous failure.
     pub(crate) fn check(&self) -> Option<NcclError> {
-        // SAFETY: the communicator is live (see the type's docs).
+        if self.gate.is_aborted() {
+            return None;
+        }
+        // SAFETY: the communicator is live (see the type's docs), and only
+        // this thread aborts it while the completion thread runs.
         match unsafe { result::comm_async_error(self.comm) } {
             Ok(state) => state,
             Err(e) => Some(e),
         }
+    }
+
+    /// `ncclCommAbort`, once, so that NCCL's kernels and proxy threads stop
+    /// waiting for peers. It waits up to `polite` for a call of the owner's
+    /// under way to return; a call still inside NCCL after that is waiting
+    /// for a peer that is not coming, and only the abort can end it (as
+    /// PyTorch's and XLA's watchdogs do), so the communicator is aborted
+    /// under it and the owner's next call is refused.
+    /// `true` when this call aborted it (`false`: it was already).
+    pub(crate) fn abort(&mut self, polite: Duration) -> bool {
+        let calls = self.gate.calls.try_lock_for(polite);
+        if self.gate.aborted.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        // SAFETY: the communicator was live (`aborted` was not set, and
+        // only the gate's holders set it); it is never called again but by
+        // a call already under way, which the abort ends.
+        let _ = unsafe { result::comm_abort(self.comm) };
+        drop(calls);
+        true
     }
 }
 

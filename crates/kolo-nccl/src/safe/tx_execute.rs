@@ -115,7 +115,7 @@ impl DeviceTransaction<'_> {
                 })
                 .collect();
             if !nccl.is_empty() {
-                issue_group(raw, &nccl, &stream)?;
+                issue_group(&raw, &nccl, &stream)?;
             }
             for r in &resolved {
                 if let Resolved::ReduceScatter {

@@ -175,6 +175,8 @@ pub(crate) struct Health {
     rank: usize,
     broken: AtomicBool,
     cause: Mutex<Option<NcclError>>,
+    /// Set once the completion thread's watchdog aborted the communicator.
+    aborted: AtomicBool,
 }
 
 impl Health {
@@ -183,7 +185,14 @@ impl Health {
             rank,
             broken: AtomicBool::new(false),
             cause: Mutex::new(None),
+            aborted: AtomicBool::new(false),
         }
+    }
+
+    /// Records that the watchdog aborted the communicator (it is broken
+    /// already): later errors say so.
+    pub(crate) fn note_aborted(&self) {
+        self.aborted.store(true, Ordering::Release);
     }
 
     /// Marks the communicator broken by `cause` (the first cause is kept).
@@ -214,6 +223,11 @@ impl Health {
             .as_ref()
             .map(|c| c.to_string())
             .unwrap_or_else(|| "unknown".into());
+        let cause = if self.aborted.load(Ordering::Acquire) {
+            format!("{cause}; the watchdog aborted it (ncclCommAbort)")
+        } else {
+            cause
+        };
         NcclError::Broken {
             rank: self.rank,
             cause,

@@ -8,6 +8,7 @@ pub mod device_ops;
 pub mod peer_wired;
 pub mod scaling;
 pub mod transactions;
+pub mod watchdog;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use kolo_conformance::{run_suite, SuiteOptions};

@@ -5,9 +5,7 @@ use crate::safe::comm::NcclComm;
 use crate::safe::memory::{Cuda, CudaBuffer};
 use crate::safe::views::{CudaMut, CudaRef};
 use kolo_protocol::ReduceOp;
-use kolo_transport::{
-    BitOp, Collectives, Controller, Element, Result, Scale, Topology, Transaction,
-};
+use kolo_transport::{Collectives, Controller, Element, Result, Scale, Transaction};
 
 /// [`NcclComm`]'s device data plane (`Collectives<Cuda>`, see its impl)
 /// and the [`Controller`] it was built with (which NCCL lacks), as one
@@ -32,38 +30,7 @@ impl<'a, C: Controller + ?Sized> CudaBackend<'a, C> {
     }
 }
 
-impl<C: Controller + ?Sized> Topology for CudaBackend<'_, C> {
-    fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-    fn size(&self) -> usize {
-        self.comm.size()
-    }
-    fn local_rank(&self) -> usize {
-        self.comm.local_rank()
-    }
-    fn local_size(&self) -> usize {
-        self.comm.local_size()
-    }
-}
-
-impl<C: Controller + ?Sized> Controller for CudaBackend<'_, C> {
-    fn gather_bytes(&mut self, msg: &[u8], root: usize) -> Result<Option<Vec<Vec<u8>>>> {
-        self.ctrl.gather_bytes(msg, root)
-    }
-    fn broadcast_bytes(&mut self, msg: &[u8], root: usize) -> Result<Vec<u8>> {
-        self.ctrl.broadcast_bytes(msg, root)
-    }
-    fn allgather_bytes(&mut self, msg: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.ctrl.allgather_bytes(msg)
-    }
-    fn control_barrier(&mut self) -> Result<()> {
-        self.ctrl.control_barrier()
-    }
-    fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
-        self.ctrl.bitwise_allreduce(words, op)
-    }
-}
+crate::comm_and_control!(CudaBackend);
 
 /// Every method is `NcclComm`'s (named through the trait: several share a
 /// name with its inherent device API).

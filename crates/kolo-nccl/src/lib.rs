@@ -164,6 +164,59 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// `Topology` from the `comm` field (an [`NcclComm`]) and `Controller`
+/// from the `ctrl` field of a `$t<'_, C: Controller>`: the wrappers that
+/// pair a communicator with the control plane it was built over.
+macro_rules! comm_and_control {
+    ($t:ident) => {
+        impl<C: kolo_transport::Controller + ?Sized> kolo_transport::Topology for $t<'_, C> {
+            fn rank(&self) -> usize {
+                self.comm.rank()
+            }
+            fn size(&self) -> usize {
+                self.comm.size()
+            }
+            fn local_rank(&self) -> usize {
+                self.comm.local_rank()
+            }
+            fn local_size(&self) -> usize {
+                self.comm.local_size()
+            }
+        }
+
+        impl<C: kolo_transport::Controller + ?Sized> kolo_transport::Controller for $t<'_, C> {
+            fn gather_bytes(
+                &mut self,
+                msg: &[u8],
+                root: usize,
+            ) -> kolo_transport::Result<Option<Vec<Vec<u8>>>> {
+                self.ctrl.gather_bytes(msg, root)
+            }
+            fn broadcast_bytes(
+                &mut self,
+                msg: &[u8],
+                root: usize,
+            ) -> kolo_transport::Result<Vec<u8>> {
+                self.ctrl.broadcast_bytes(msg, root)
+            }
+            fn allgather_bytes(&mut self, msg: &[u8]) -> kolo_transport::Result<Vec<Vec<u8>>> {
+                self.ctrl.allgather_bytes(msg)
+            }
+            fn control_barrier(&mut self) -> kolo_transport::Result<()> {
+                self.ctrl.control_barrier()
+            }
+            fn bitwise_allreduce(
+                &mut self,
+                words: &mut [u64],
+                op: kolo_transport::BitOp,
+            ) -> kolo_transport::Result<()> {
+                self.ctrl.bitwise_allreduce(words, op)
+            }
+        }
+    };
+}
+pub(crate) use comm_and_control;
+
 mod board;
 mod bootstrap;
 mod copy_plan;

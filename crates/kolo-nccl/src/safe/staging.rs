@@ -8,8 +8,8 @@ use crate::widen::{self, Carrier};
 use cudarc::driver::CudaSlice;
 use kolo_protocol::{DataType, ReduceOp};
 use kolo_transport::{
-    byte_view, BitOp, Collectives, Controller, Element, MemoryKind, Result, Scale, Topology,
-    Transaction, TransportError,
+    byte_view, Collectives, Controller, Element, MemoryKind, Result, Scale, Topology, Transaction,
+    TransportError,
 };
 
 /// Default bound on the device memory of one staged allreduce / broadcast
@@ -283,38 +283,7 @@ impl<C: Controller + ?Sized> Drop for HostStaging<'_, C> {
     }
 }
 
-impl<C: Controller + ?Sized> Topology for HostStaging<'_, C> {
-    fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-    fn size(&self) -> usize {
-        self.comm.size()
-    }
-    fn local_rank(&self) -> usize {
-        self.comm.local_rank()
-    }
-    fn local_size(&self) -> usize {
-        self.comm.local_size()
-    }
-}
-
-impl<C: Controller + ?Sized> Controller for HostStaging<'_, C> {
-    fn gather_bytes(&mut self, msg: &[u8], root: usize) -> Result<Option<Vec<Vec<u8>>>> {
-        self.ctrl.gather_bytes(msg, root)
-    }
-    fn broadcast_bytes(&mut self, msg: &[u8], root: usize) -> Result<Vec<u8>> {
-        self.ctrl.broadcast_bytes(msg, root)
-    }
-    fn allgather_bytes(&mut self, msg: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.ctrl.allgather_bytes(msg)
-    }
-    fn control_barrier(&mut self) -> Result<()> {
-        self.ctrl.control_barrier()
-    }
-    fn bitwise_allreduce(&mut self, words: &mut [u64], op: BitOp) -> Result<()> {
-        self.ctrl.bitwise_allreduce(words, op)
-    }
-}
+crate::comm_and_control!(HostStaging);
 
 impl<C: Controller + ?Sized> Collectives for HostStaging<'_, C> {
     fn memory(&self) -> MemoryKind {

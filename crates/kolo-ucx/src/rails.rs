@@ -33,14 +33,19 @@ use std::time::Duration;
 pub(crate) const VARIABLE: &str = "KOLO_UCX_RAILS";
 
 /// Buffers below this take the one rail: below it each part's ring
-/// steps cost their latency more than their bytes.
-pub(crate) const MIN_BYTES: usize = 512 << 10;
+/// steps cost their latency more than their bytes. Measured over TCP on a
+/// 16-core host: at 256 KiB two rails gave 1.4x one's busbw at 2 ranks
+/// and 1.1x at 4; at 128 KiB 1.5x at 2 ranks but nothing at 4.
+pub(crate) const MIN_BYTES: usize = 256 << 10;
 
 /// How long the caller and the rail's thread spin on a hand-off before
-/// they park: longer than the gap between back-to-back allreduces and
-/// than the two parts' usual difference, short beside an idle training
-/// step. Zero where the host's ranks take all its cores.
-pub(crate) const HANDOFF_SPIN: Duration = Duration::from_micros(200);
+/// they park: longer than the gap between back-to-back allreduces (a
+/// benchmark's copy of its input and barrier between them, 0.3-0.5 ms at
+/// 4 MiB) and than the two parts' usual difference, short beside a
+/// training step. Measured over TCP on a 16-core host at 4 ranks and
+/// 1-4 MiB: not spinning lost up to 40% of the busbw, 200 µs up to 20%
+/// against 2 ms. Zero where the host's ranks take all its cores.
+pub(crate) const HANDOFF_SPIN: Duration = Duration::from_millis(2);
 
 /// Whether this rank asks for the second rail, given the environment
 /// (`var` looks a variable up): [`VARIABLE`] where set (`1` or `2`,

@@ -6,10 +6,13 @@
 //! with a thread started per call, without that start.
 //!
 //! A part is handed over through one slot and a state word: the rail's
-//! thread and the caller each spin on the word for a while before they
-//! park (a futex wake costs tens of microseconds on a virtual machine,
-//! as much as a ring step of a megabyte's part), so back-to-back
-//! allreduces never sleep on either side.
+//! thread and the caller each poll the word for a while before they park
+//! (a futex wake costs tens of microseconds on a virtual machine, as much
+//! as a ring step of a megabyte's part), so back-to-back allreduces never
+//! sleep on either side. They yield the CPU between polls: with a core
+//! free that returns at once, and where the cores are all taken (ranks in
+//! network namespaces of one host, which look like hosts of their own) a
+//! polling thread does not keep the one it waits for off the CPU.
 
 use super::rails::rail_parts;
 use crate::element::Element;
@@ -38,7 +41,7 @@ const ENDED: u8 = 3;
 /// cannot be scheduled takes that long).
 const STOP_BOUND: Duration = Duration::from_secs(10);
 
-/// Spins between two looks at the clock while spinning on the state.
+/// Polls between two looks at the clock while polling the state.
 const POLLS_PER_CLOCK: u32 = 64;
 
 /// Reduces the part `ptr`, `len` (elements of the type it was made for)
@@ -71,7 +74,7 @@ struct Slot<C> {
 struct Handoff<C> {
     state: AtomicU8,
     slot: Mutex<Slot<C>>,
-    /// How long either side spins on `state` before it parks.
+    /// How long either side polls `state` before it parks.
     spin: Duration,
 }
 
@@ -96,9 +99,8 @@ pub struct RailThread<C: Collectives + Send + 'static> {
 
 impl<C: Collectives + Send + 'static> RailThread<C> {
     /// Starts the thread (named `kolo-rail`) that owns `rail`. Either side
-    /// of a hand-off spins up to `spin` before it parks: zero where the
-    /// host's cores are all taken, since a spinning thread keeps the one
-    /// it waits for off the CPU.
+    /// of a hand-off polls (yielding between polls) up to `spin` before it
+    /// parks: zero where the host's cores are known to be all taken.
     pub fn start(rail: C, spin: Duration) -> std::io::Result<Self> {
         let (rank, size) = (rail.rank(), rail.size());
         let handoff = Arc::new(Handoff {
@@ -297,9 +299,9 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
         .unwrap_or("(no message)")
 }
 
-/// Waits until `state` is no longer `current`, spinning up to `spin`
-/// before parking (the other side unparks this thread after each change);
-/// the new state.
+/// Waits until `state` is no longer `current`, polling it (and yielding
+/// the CPU between polls) up to `spin` before parking (the other side
+/// unparks this thread after each change); the new state.
 fn wait_while(state: &AtomicU8, current: u8, spin: Duration) -> u8 {
     let started = (!spin.is_zero()).then(Instant::now);
     let mut polls = 0u32;
@@ -311,7 +313,7 @@ fn wait_while(state: &AtomicU8, current: u8, spin: Duration) -> u8 {
         match started {
             Some(at) if polls < POLLS_PER_CLOCK || at.elapsed() < spin => {
                 polls = polls % POLLS_PER_CLOCK + 1;
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             _ => std::thread::park(),
         }

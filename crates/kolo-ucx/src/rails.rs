@@ -5,8 +5,9 @@
 //! thread carries the other ([`threaded_rail_allreduce`](kolo_transport::algorithms::threaded_rail_allreduce)).
 //! The thread is started once the rail is connected and ends when the
 //! communicator is dropped; a part is handed to it, and its end back,
-//! through a slot both sides spin on for [`HANDOFF_SPIN`] before they
-//! park, so an allreduce pays no thread start and, back to back, no wake.
+//! through a slot both sides poll (yielding the CPU between polls) for
+//! [`HANDOFF_SPIN`] before they park, so an allreduce pays no thread
+//! start and, back to back, no wake.
 //!
 //! Over TCP a process moves every byte through a `send` and a `recv`
 //! system call, each a copy by the core that makes it: one worker, driven
@@ -38,12 +39,12 @@ pub(crate) const VARIABLE: &str = "KOLO_UCX_RAILS";
 /// and 1.1x at 4; at 128 KiB 1.5x at 2 ranks but nothing at 4.
 pub(crate) const MIN_BYTES: usize = 256 << 10;
 
-/// How long the caller and the rail's thread spin on a hand-off before
-/// they park: longer than the gap between back-to-back allreduces (a
+/// How long the caller and the rail's thread poll a hand-off before they
+/// park: longer than the gap between back-to-back allreduces (a
 /// benchmark's copy of its input and barrier between them, 0.3-0.5 ms at
 /// 4 MiB) and than the two parts' usual difference, short beside a
 /// training step. Measured over TCP on a 16-core host at 4 ranks and
-/// 1-4 MiB: not spinning lost up to 40% of the busbw, 200 µs up to 20%
+/// 1-4 MiB: not polling lost up to 40% of the busbw, 200 µs up to 20%
 /// against 2 ms. Zero where the host's ranks take all its cores.
 pub(crate) const HANDOFF_SPIN: Duration = Duration::from_millis(2);
 
@@ -134,7 +135,7 @@ pub(crate) fn connect(
     Ok(Some(rail))
 }
 
-/// `rail` on its thread; its hand-offs do not spin where the host is
+/// `rail` on its thread; its hand-offs do not poll where the host is
 /// `crowded` (its ranks' threads take all its cores).
 pub(crate) fn start(rail: UcxComm, crowded: bool) -> Result<RailThread<UcxComm>, UcxError> {
     let spin = if crowded {

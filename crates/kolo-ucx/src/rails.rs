@@ -44,8 +44,9 @@ pub(crate) const MIN_BYTES: usize = 256 << 10;
 /// benchmark's copy of its input and barrier between them, 0.3-0.5 ms at
 /// 4 MiB) and than the two parts' usual difference, short beside a
 /// training step. Measured over TCP on a 16-core host at 4 ranks and
-/// 1-4 MiB: not polling lost up to 40% of the busbw, 200 µs up to 20%
-/// against 2 ms. Zero where the host's ranks take all its cores.
+/// 1-4 MiB (medians of 3 rounds): against 2 ms, not polling lost up to
+/// half of the busbw, 200 µs up to a fifth. Zero where the host's ranks
+/// take all its cores.
 pub(crate) const HANDOFF_SPIN: Duration = Duration::from_millis(2);
 
 /// Whether this rank asks for the second rail, given the environment

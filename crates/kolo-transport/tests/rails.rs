@@ -2,16 +2,18 @@
 //! or three rails, each rail an in-memory mailbox of its own (buffered
 //! sends, like UCX's): the results against a sequential reduction and bit
 //! for bit the same on every rank, over every element type and op, and
-//! every rail carrying its part.
+//! every rail carrying its part. The same for `threaded_rail_allreduce`
+//! (two rails, the second on a `RailThread`), whose rail's failure or
+//! panic is the call's error and whose thread ends when it is dropped.
 
 use half::{bf16, f16};
 use kolo_protocol::ReduceOp;
-use kolo_transport::algorithms::{rail_allreduce, rail_parts};
+use kolo_transport::algorithms::{rail_allreduce, rail_parts, threaded_rail_allreduce, RailThread};
 use kolo_transport::byte_view::{as_bytes, copy_from_bytes};
 use kolo_transport::{Collectives, Element, Result, Scale, Topology, TransportError};
 use proptest::prelude::*;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -33,6 +35,34 @@ struct Rail {
     rank: usize,
     size: usize,
     mailbox: Arc<Mailbox>,
+    /// What its sends do instead of sending, where set.
+    fault: Option<Fault>,
+    /// Set when the rail is dropped.
+    dropped: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Error,
+    Panic,
+}
+
+impl Rail {
+    fn new(rank: usize, size: usize, mailbox: &Arc<Mailbox>) -> Rail {
+        Rail {
+            rank,
+            size,
+            mailbox: Arc::clone(mailbox),
+            fault: None,
+            dropped: Arc::default(),
+        }
+    }
+}
+
+impl Drop for Rail {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
 }
 
 impl Topology for Rail {
@@ -54,6 +84,11 @@ impl Collectives for Rail {
     fn send<T: Element>(&mut self, buf: &[T], peer: usize, tag: u32) -> Result<()> {
         if peer >= self.size {
             return Err(TransportError::InvalidArgument(format!("peer {peer}")));
+        }
+        match self.fault {
+            Some(Fault::Error) => return Err(TransportError::Backend("injected failure".into())),
+            Some(Fault::Panic) => panic!("injected panic"),
+            None => {}
         }
         let bytes = as_bytes(buf).to_vec();
         self.mailbox.bytes.fetch_add(bytes.len(), Ordering::Relaxed);
@@ -105,11 +140,7 @@ fn run<R: Send>(
             .map(|rank| {
                 let mut mine: Vec<Rail> = mailboxes
                     .iter()
-                    .map(|mailbox| Rail {
-                        rank,
-                        size: n,
-                        mailbox: Arc::clone(mailbox),
-                    })
+                    .map(|mailbox| Rail::new(rank, n, mailbox))
                     .collect();
                 let body = &body;
                 s.spawn(move || body(&mut mine))
@@ -157,13 +188,36 @@ fn expected<T: Element>(n: usize, len: usize, op: ReduceOp, scale: Scale) -> Vec
     acc
 }
 
-/// Every rank of `n` with `rails` rails ends with the sequential result,
-/// bitwise the same on all of them; the bytes each rail carried.
-fn check<T: Element>(n: usize, rails: usize, len: usize, op: ReduceOp) -> Vec<usize> {
+/// A rank's allreduce over its rails: [`rail_allreduce`], or
+/// [`threaded_rail_allreduce`] with the second rail on its thread.
+fn reduce<T: Element>(
+    mine: &mut [Rail],
+    buf: &mut [T],
+    op: ReduceOp,
+    threaded: bool,
+) -> Result<()> {
+    if !threaded {
+        return rail_allreduce(mine, buf, op, Scale::NONE);
+    }
+    let second = Rail::new(mine[1].rank, mine[1].size, &mine[1].mailbox);
+    let mut thread = RailThread::start(second, Duration::from_micros(50)).expect("a thread");
+    threaded_rail_allreduce(&mut mine[0], &mut thread, buf, op, Scale::NONE)
+}
+
+/// Every rank of `n` with `rails` rails (two where `threaded`) ends with
+/// the sequential result, bitwise the same on all of them; the bytes each
+/// rail carried.
+fn check<T: Element>(
+    n: usize,
+    rails: usize,
+    len: usize,
+    op: ReduceOp,
+    threaded: bool,
+) -> Vec<usize> {
     let scale = Scale::NONE;
     let (results, carried) = run(n, rails, |mine| {
         let mut buf = input::<T>(mine[0].rank(), len, op);
-        rail_allreduce(mine, &mut buf, op, scale).map(|()| buf)
+        reduce(mine, &mut buf, op, threaded).map(|()| buf)
     });
     let want = expected::<T>(n, len, op, scale);
     let want_bytes = as_bytes(&want).to_vec();
@@ -171,7 +225,7 @@ fn check<T: Element>(n: usize, rails: usize, len: usize, op: ReduceOp) -> Vec<us
         let got = got.unwrap_or_else(|e| panic!("rank {rank} of {n}, {len} {op:?}: {e}"));
         assert!(
             as_bytes(&got) == want_bytes.as_slice(),
-            "rank {rank} of {n}, {rails} rails, {len} elements of {:?}, {op:?}",
+            "rank {rank} of {n}, {rails} rails (threaded: {threaded}), {len} elements of {:?}, {op:?}",
             T::DTYPE
         );
     }
@@ -179,19 +233,19 @@ fn check<T: Element>(n: usize, rails: usize, len: usize, op: ReduceOp) -> Vec<us
 }
 
 /// Every element type at `len` elements, with the ops it takes.
-fn every_type(n: usize, rails: usize, len: usize, op: ReduceOp) {
-    check::<f32>(n, rails, len, op);
-    check::<f64>(n, rails, len, op);
-    check::<f16>(n, rails, len, op);
-    check::<bf16>(n, rails, len, op);
-    check::<i8>(n, rails, len, op);
-    check::<u8>(n, rails, len, op);
-    check::<i16>(n, rails, len, op);
-    check::<u16>(n, rails, len, op);
-    check::<i32>(n, rails, len, op);
-    check::<i64>(n, rails, len, op);
+fn every_type(n: usize, rails: usize, len: usize, op: ReduceOp, threaded: bool) {
+    check::<f32>(n, rails, len, op, threaded);
+    check::<f64>(n, rails, len, op, threaded);
+    check::<f16>(n, rails, len, op, threaded);
+    check::<bf16>(n, rails, len, op, threaded);
+    check::<i8>(n, rails, len, op, threaded);
+    check::<u8>(n, rails, len, op, threaded);
+    check::<i16>(n, rails, len, op, threaded);
+    check::<u16>(n, rails, len, op, threaded);
+    check::<i32>(n, rails, len, op, threaded);
+    check::<i64>(n, rails, len, op, threaded);
     if matches!(op, ReduceOp::Min | ReduceOp::Max) {
-        check::<bool>(n, rails, len, op);
+        check::<bool>(n, rails, len, op, threaded);
     }
 }
 
@@ -210,19 +264,108 @@ proptest! {
             ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product,
         ]),
     ) {
-        every_type(n, rails, len, op);
+        every_type(n, rails, len, op, false);
+    }
+
+    /// The same with the second of two rails on its thread.
+    #[test]
+    fn threaded_every_type_and_op_matches_a_sequential_reduction(
+        n in 1usize..=8,
+        len in prop_oneof![0usize..20, 20usize..3000, 9000usize..40_000],
+        op in prop::sample::select(vec![
+            ReduceOp::Sum, ReduceOp::Average, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product,
+        ]),
+    ) {
+        every_type(n, 2, len, op, true);
     }
 }
 
 #[test]
 fn every_rail_carries_its_part() {
     let len = 100_001;
-    let carried = check::<f32>(4, 2, len, ReduceOp::Sum);
     let parts = rail_parts(len, 4, 2);
-    // A ring moves 2 (n - 1) / n of each part from every one of n ranks.
-    for (rail, part) in parts.iter().enumerate() {
-        assert_eq!(carried[rail], 2 * 3 * part.len() * 4, "rail {rail}");
+    for threaded in [false, true] {
+        let carried = check::<f32>(4, 2, len, ReduceOp::Sum, threaded);
+        // A ring moves 2 (n - 1) / n of each part from every one of n ranks.
+        for (rail, part) in parts.iter().enumerate() {
+            assert_eq!(carried[rail], 2 * 3 * part.len() * 4, "rail {rail}");
+        }
     }
+}
+
+/// The threaded allreduce of 3 ranks whose second rails all fail with
+/// `fault`: every rank's call returns an error, without a hang.
+fn threaded_with_fault(fault: Fault) -> Vec<Result<()>> {
+    let (results, _) = run(3, 2, |mine| {
+        let mut second = Rail::new(mine[1].rank, mine[1].size, &mine[1].mailbox);
+        second.fault = Some(fault);
+        let mut thread = RailThread::start(second, Duration::ZERO).expect("a thread");
+        let mut buf = vec![1.0f32; 100_000];
+        let first = threaded_rail_allreduce(
+            &mut mine[0],
+            &mut thread,
+            &mut buf,
+            ReduceOp::Sum,
+            Scale::NONE,
+        );
+        // The rail's thread still serves after a failure.
+        let again = threaded_rail_allreduce(
+            &mut mine[0],
+            &mut thread,
+            &mut buf,
+            ReduceOp::Sum,
+            Scale::NONE,
+        );
+        first.and(
+            again
+                .map_err(|e| TransportError::Backend(format!("again: {e}")))
+                .and(Ok(())),
+        )
+    });
+    results
+}
+
+#[test]
+fn a_failing_rail_is_the_calls_error() {
+    for got in threaded_with_fault(Fault::Error) {
+        let err = got.unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+    }
+}
+
+#[test]
+fn a_panic_on_the_rails_thread_is_the_calls_error() {
+    for got in threaded_with_fault(Fault::Panic) {
+        let err = got.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the rail's thread panicked: injected panic"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn the_rails_thread_ends_when_dropped() {
+    let mailbox = Arc::default();
+    let rail = Rail::new(0, 1, &mailbox);
+    let dropped = Arc::clone(&rail.dropped);
+    let mut thread = RailThread::start(rail, Duration::from_micros(50)).expect("a thread");
+    let mut first = Rail::new(0, 1, &mailbox);
+    let mut buf = vec![2.0f32; 1000];
+    threaded_rail_allreduce(
+        &mut first,
+        &mut thread,
+        &mut buf,
+        ReduceOp::Sum,
+        Scale::NONE,
+    )
+    .expect("one rank's allreduce");
+    assert!(buf.iter().all(|&x| x == 2.0));
+    assert!(!dropped.load(Ordering::Acquire));
+    drop(thread);
+    // The rail came back from its ended thread and was dropped.
+    assert!(dropped.load(Ordering::Acquire));
 }
 
 #[test]
@@ -230,9 +373,19 @@ fn a_rail_of_another_communicator_is_refused() {
     let (results, _) = run(2, 2, |mine| {
         mine[1].rank = 1 - mine[1].rank;
         let mut buf = vec![1.0f32; 64];
-        rail_allreduce(mine, &mut buf, ReduceOp::Sum, Scale::NONE)
+        let scoped = rail_allreduce(mine, &mut buf, ReduceOp::Sum, Scale::NONE);
+        let other = Rail::new(mine[1].rank, mine[1].size, &mine[1].mailbox);
+        let mut thread = RailThread::start(other, Duration::ZERO).expect("a thread");
+        let threaded = threaded_rail_allreduce(
+            &mut mine[0],
+            &mut thread,
+            &mut buf,
+            ReduceOp::Sum,
+            Scale::NONE,
+        );
+        [scoped, threaded]
     });
-    for got in results {
+    for got in results.into_iter().flatten() {
         let err = got.unwrap_err();
         assert!(err.to_string().contains("a rail of rank"), "{err}");
     }

@@ -15,7 +15,9 @@ use crate::sys;
 use crate::tags::{self, Plane, FULL_MASK, MAX_RANKS};
 use kolo_protocol::ReduceOp;
 use kolo_rendezvous::{Client, Rendezvous};
-use kolo_transport::algorithms::{self, hierarchical_allreduce, rail_allreduce, HostLayout};
+use kolo_transport::algorithms::{
+    self, hierarchical_allreduce, threaded_rail_allreduce, HostLayout, RailThread,
+};
 use kolo_transport::byte_view::{as_bytes, as_bytes_mut, copy_from_bytes};
 use kolo_transport::{
     Collectives, Controller, Element, Lane, Result, Scale, Topology, TransportError,
@@ -44,6 +46,9 @@ pub enum UcxError {
     /// A malformed setting in the environment.
     #[error("{0}")]
     Setting(String),
+    /// The second rail's thread could not start.
+    #[error("starting the second rail's thread: {0}")]
+    RailThread(#[source] std::io::Error),
 }
 
 impl From<UcxError> for TransportError {
@@ -74,9 +79,10 @@ pub struct UcxComm {
     /// [`crate::hierarchical`]); shared so that an allreduce can hold it
     /// while it borrows the communicator.
     hierarchy: Option<Arc<HostLayout>>,
-    /// The second rail of a world communicator over TCP (see
-    /// [`crate::rails`]), closed after this one's endpoints.
-    pub(crate) rail: Option<Box<UcxComm>>,
+    /// The second rail of a world communicator over TCP, on its thread
+    /// (see [`crate::rails`]); the thread ends and the rail is closed
+    /// after this one's endpoints.
+    pub(crate) rail: Option<RailThread<UcxComm>>,
     pub(crate) worker: Worker,
 }
 
@@ -99,15 +105,16 @@ impl UcxComm {
         let everyone: Vec<usize> = (0..rendezvous.world_size()).collect();
         let comm = UcxComm::connect_ranks(rendezvous, &everyone)?;
         let mut comm = comm.expect("every rank is a member");
-        comm.rail = rails::connect(rendezvous, &comm, rails)?;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if let Some(rail) = comm.rail.as_mut() {
+        if let Some(mut rail) = rails::connect(rendezvous, &comm, rails)? {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             // Two waiting threads a process: spinning ones would keep the
             // ranks they wait for off the cores.
-            if 2 * rendezvous.local_world_size() > cores {
+            let crowded = 2 * rendezvous.local_world_size() > cores;
+            if crowded {
                 rail.spin_polls = 0;
                 comm.spin_polls = 0;
             }
+            comm.rail = Some(rails::start(rail, crowded)?);
         }
         Ok(comm)
     }
@@ -502,7 +509,7 @@ impl Collectives for UcxComm {
                 let Some(mut rail) = self.rail.take() else {
                     return algorithms::allreduce(self, buf, op, scale);
                 };
-                let outcome = rail_allreduce(&mut [&mut *self, &mut *rail], buf, op, scale);
+                let outcome = threaded_rail_allreduce(self, &mut rail, buf, op, scale);
                 self.rail = Some(rail);
                 outcome
             }

@@ -9,8 +9,8 @@
 //! job of several hosts hierarchical (Horovod's): reduce-scatter in each
 //! host, allreduce across hosts, allgather in each host. Over TCP alone
 //! (`UCX_TLS=tcp,self`) a world communicator's large allreduces go over
-//! two rails (two workers, each on a thread), `KOLO_UCX_RAILS` says
-//! otherwise.
+//! two rails (two workers, the second driven by a thread of its own for
+//! the communicator's life), `KOLO_UCX_RAILS` says otherwise.
 //! A peer that dies is an error naming it (UCX's peer error handling), not
 //! a hang.
 //!

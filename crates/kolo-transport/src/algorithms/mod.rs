@@ -13,6 +13,7 @@
 //! | alltoallv                 | pairwise exchange                                 | `n - 1`        |
 //! | hierarchical allreduce    | ring in each host, across hosts, in each host     | `2 (k + h - 2)`|
 //! | rail allreduce            | one part per rail (communicator), each on a thread | as allreduce  |
+//! | threaded rail allreduce   | two parts: the caller's, a persistent rail thread's | as allreduce |
 //! | barrier                   | dissemination                                     | `ceil(log2 n)` |
 //!
 //! Every algorithm checks its arguments first (count lists of length
@@ -26,6 +27,7 @@ mod dissemination_barrier;
 mod generic;
 mod hierarchical;
 mod pairwise_alltoallv;
+mod rail_thread;
 mod rails;
 pub mod recursive_doubling;
 mod ring_allgatherv;
@@ -39,6 +41,7 @@ pub use dissemination_barrier::dissemination_barrier;
 pub use generic::Generic;
 pub use hierarchical::{hierarchical_allreduce, HostLayout};
 pub use pairwise_alltoallv::pairwise_alltoallv;
+pub use rail_thread::{threaded_rail_allreduce, RailThread};
 pub use rails::{rail_allreduce, rail_parts};
 pub use recursive_doubling::recursive_doubling_allreduce;
 pub use ring_allgatherv::ring_allgatherv;

@@ -5,6 +5,12 @@
 //! on a thread of its own, so that transports whose cost is a core's
 //! copying (TCP: every byte goes through a `send` and a `recv` system
 //! call) move the parts side by side on as many cores.
+//!
+//! [`rail_allreduce`] starts a scoped thread per call and rail (tens of
+//! microseconds, more on a virtual machine): the plain form, for any
+//! number of rails. A backend's hot path keeps its second rail on a
+//! persistent thread instead ([`super::RailThread`] and
+//! [`super::threaded_rail_allreduce`], the same cut into two parts).
 
 use crate::element::Element;
 use crate::error::{Result, TransportError};

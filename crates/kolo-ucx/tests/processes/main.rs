@@ -3,7 +3,9 @@
 //! 3 and 4 processes, once with `UCX_TLS` set to shared memory and once to
 //! TCP. `cargo test` runs this binary directly; it then starts itself once
 //! per rank with torchrun's variables (as `kolo-run` sets them), and each
-//! rank runs the suite and its control plane checks.
+//! rank runs the suite and its control plane checks. Over TCP, the second
+//! rail's thread lives exactly as long as its communicator, and an
+//! interrupted rail is the allreduce's error.
 
 mod namespaces;
 
@@ -21,12 +23,13 @@ pub(crate) const JOB_BOUND: Duration = Duration::from_secs(300);
 
 fn main() -> ExitCode {
     if std::env::var_os("RANK").is_some() {
-        let fault = std::env::args().any(|a| a == "--killed");
-        return match if fault {
-            killed_rank_main()
-        } else {
-            rank_main()
-        } {
+        let role = std::env::args().nth(1).unwrap_or_default();
+        let outcome = match role.as_str() {
+            "--killed" => killed_rank_main(),
+            "--rail" => rail_rank_main(),
+            _ => rank_main(),
+        };
+        return match outcome {
             Ok(()) => ExitCode::SUCCESS,
             Err(why) => {
                 eprintln!("FAILED: {why}");
@@ -56,6 +59,14 @@ fn main() -> ExitCode {
             failed.push(job.to_owned());
         }
     }
+    let job = "ucx_rail_thread_ends_with_its_communicator_tcp_np2";
+    match rail_job(&exe) {
+        Ok(()) => println!("test {job} ... ok"),
+        Err(why) => {
+            println!("test {job} ... FAILED\n{why}");
+            failed.push(job.to_owned());
+        }
+    }
     let job = "ucx_rank_killed_mid_collective_tcp_np3";
     match killed_job(&exe) {
         Ok(()) => println!("test {job} ... ok"),
@@ -67,7 +78,7 @@ fn main() -> ExitCode {
     if failed.is_empty() {
         println!(
             "test result: ok. {} passed; 0 failed",
-            TRANSPORTS.len() * 3 + 2
+            TRANSPORTS.len() * 3 + 3
         );
         ExitCode::SUCCESS
     } else {
@@ -95,6 +106,68 @@ fn run_job(exe: &std::path::Path, np: usize, tls: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(report)
+    }
+}
+
+/// Two ranks over TCP (two rails) run [`rail_rank_main`].
+fn rail_job(exe: &std::path::Path) -> Result<(), String> {
+    let env = [("UCX_TLS", "tcp,self"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
+    let ranks = kolo_run::run_captured(2, exe, &["--rail"], &env, JOB_BOUND)?;
+    let report: String = ranks
+        .iter()
+        .filter(|r| !r.succeeded())
+        .map(|r| {
+            format!(
+                "rank {} ended with {:?}:\n{}{}\n",
+                r.rank, r.status, r.stdout, r.stderr
+            )
+        })
+        .collect();
+    if report.is_empty() {
+        Ok(())
+    } else {
+        Err(report)
+    }
+}
+
+/// Threads of this process named `kolo-rail` (the second rail's).
+fn rail_threads() -> Result<usize, String> {
+    let tasks = std::fs::read_dir("/proc/self/task").map_err(|e| format!("/proc: {e}"))?;
+    Ok(tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "kolo-rail")
+        .count())
+}
+
+/// A rank of [`rail_job`]: the communicator has one rail thread, its 1 MiB
+/// allreduce (over both rails) is right; interrupted, the allreduce fails
+/// (on both rails) instead of hanging; dropped, its rail thread is gone.
+fn rail_rank_main() -> Result<(), String> {
+    use kolo_transport::{Collectives, Scale};
+    let mut comm = UcxComm::from_env().map_err(|e| format!("joining: {e}"))?;
+    let (rank, size) = (comm.rank(), comm.size());
+    if rail_threads()? != 1 {
+        return Err(format!("rank {rank}: {} rail threads", rail_threads()?));
+    }
+    let mut buf = vec![1.0f32; 1 << 18];
+    comm.allreduce(&mut buf[..], kolo_protocol::ReduceOp::Sum, Scale::NONE)
+        .map_err(|e| format!("rank {rank}: {e}"))?;
+    if let Some(bad) = buf.iter().position(|&x| x != size as f32) {
+        return Err(format!("rank {rank}: element {bad} is {}", buf[bad]));
+    }
+    comm.interrupter().interrupt("the test's interruption");
+    match comm.allreduce(&mut buf[..], kolo_protocol::ReduceOp::Sum, Scale::NONE) {
+        Err(e) if e.to_string().contains("the test's interruption") => {}
+        other => {
+            return Err(format!(
+                "rank {rank}: interrupted, the allreduce gave {other:?}"
+            ))
+        }
+    }
+    drop(comm);
+    match rail_threads()? {
+        0 => Ok(()),
+        n => Err(format!("rank {rank}: {n} rail threads after the drop")),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::error::NcclError;
 use crate::options::{CopyEngine, Mode, NcclOptions};
 use crate::outbox::Outbox;
 use crate::probe;
-use crate::safe::completion::{Completer, Entry};
+use crate::safe::completion::{Completer, DeviceWatch, Entry};
 use crate::safe::copy_engine::CopyEngines;
 use crate::safe::device::{Device, EventFence};
 use crate::safe::peer_buffers::PeerBuffers;
@@ -163,7 +163,10 @@ impl NcclComm {
                 ctx.bind_to_thread()
                     .map_err(NcclError::on_cuda("cuCtxSetCurrent"))
             }),
-            Box::new(watchdog),
+            Box::new(DeviceWatch {
+                watchdog,
+                ctx: device.context().clone(),
+            }),
         )?;
         Ok(NcclComm {
             device,

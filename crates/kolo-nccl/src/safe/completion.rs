@@ -14,6 +14,7 @@ use crate::error::NcclError;
 use crate::safe::raw_comm::Watchdog;
 use crate::safe::work::{Health, WorkState};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use cudarc::driver::CudaContext;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -72,7 +73,15 @@ impl<F: Fence> Queue<F> {
     /// the driver busy against the thread enqueueing more). A fence error,
     /// or the oldest pending entry older than the timeout at `now`, fails
     /// every entry and is returned as the failure.
+    #[cfg(test)]
     pub(crate) fn poll(&mut self, now: Instant) -> Progress {
+        self.poll_then(now, |_| {})
+    }
+
+    /// [`Queue::poll`], calling `first` with the failure (if any) before
+    /// the failed entries' waiters wake: a waiter that goes on to submit
+    /// more must find the communicator already marked broken.
+    pub(crate) fn poll_then(&mut self, now: Instant, first: impl FnOnce(&NcclError)) -> Progress {
         let mut progress = Progress::default();
         let mut failure = None;
         while let Some(entry) = self.entries.front_mut() {
@@ -98,6 +107,7 @@ impl<F: Fence> Queue<F> {
             }
         }
         if let Some(cause) = failure {
+            first(&cause);
             self.fail_all(&cause);
             progress.failure = Some(cause);
         }
@@ -189,13 +199,36 @@ pub(crate) trait Watch: Send + 'static {
     fn abort(&mut self) -> bool;
 }
 
-impl Watch for Watchdog {
+/// A device's [`Watchdog`] and the context its abort runs in.
+pub(crate) struct DeviceWatch {
+    pub(crate) watchdog: Watchdog,
+    pub(crate) ctx: Arc<CudaContext>,
+}
+
+impl Watch for DeviceWatch {
     fn check(&mut self) -> Option<NcclError> {
-        Watchdog::check(self)
+        self.watchdog.check()
     }
 
+    /// Aborts on a thread of its own, waited for a bounded while:
+    /// `ncclCommAbort` also waits for what the communicator's stream waits
+    /// on, which may be work of the application's that never ends (a
+    /// stream held by a host function, say), and this thread must stay
+    /// free to be stopped by the teardown.
     fn abort(&mut self) -> bool {
-        Watchdog::abort(self, ABORT_WAIT)
+        let mut watchdog = self.watchdog.clone();
+        let ctx = self.ctx.clone();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name("kolo-nccl-abort".into())
+            .spawn(move || {
+                let _ = ctx.bind_to_thread();
+                let _ = tx.send(watchdog.abort(ABORT_WAIT));
+            });
+        match spawned {
+            Ok(_detached) => rx.recv_timeout(ABORT_WAIT * 2).unwrap_or(false),
+            Err(_) => self.watchdog.abort(ABORT_WAIT),
+        }
     }
 }
 
@@ -303,7 +336,7 @@ fn run<F: Fence>(
         if health.is_broken() {
             queue.fail_all(&health.broken_error());
         }
-        let progress = queue.poll(now);
+        let progress = queue.poll_then(now, |cause| health.fail(cause));
         let mut failed = progress.failure.clone();
         if now.duration_since(last_check) >= HEALTH_PERIOD {
             last_check = now;

@@ -50,6 +50,9 @@ impl Gate {
     }
 }
 
+/// The longest a call waits for the watchdog's abort to end.
+const ENTER_WAIT: Duration = Duration::from_secs(10);
+
 /// The communicator while this thread may call into it: the watchdog
 /// waits for the guard to drop before aborting.
 pub(crate) struct InUse<'c> {
@@ -119,7 +122,13 @@ impl RawComm {
     /// The communicator for this thread's calls, until the guard drops;
     /// refused once the watchdog aborted it.
     pub(crate) fn enter(&self) -> Result<InUse<'_>, NcclError> {
-        let calls = self.gate.calls.lock();
+        // Held by another thread only while the watchdog aborts, which is
+        // bounded unless `ncclCommAbort` waits on work that never ends.
+        let calls = self
+            .gate
+            .calls
+            .try_lock_for(ENTER_WAIT)
+            .ok_or(NcclError::Aborted)?;
         self.live()?;
         Ok(InUse {
             raw: self,
@@ -411,6 +420,7 @@ impl Drop for RawComm {
 /// Valid while its [`RawComm`] lives: `NcclComm` stops the completion
 /// thread (which owns the watchdog) before tearing the communicator down,
 /// and after an abort the watchdog calls nothing.
+#[derive(Clone)]
 pub(crate) struct Watchdog {
     comm: sys::Comm,
     gate: Arc<Gate>,

@@ -3,19 +3,21 @@
 //! aborts the communicator right then (not at teardown), later calls are
 //! refused saying so, and the teardown ends within its bound.
 //!
-//! What holds the operation back is a wait on the communication stream for
-//! a device word that only the test sets (`cuStreamWaitValue32`): one GPU
-//! cannot make NCCL itself wait for a missing peer (NCCL refuses two ranks
-//! on one device), and a stream wait is released afterwards, so the GPU is
-//! left as it was found.
+//! What holds the operation back is a host function enqueued on the
+//! communication stream before it (`cuLaunchHostFunc`) that waits for a
+//! flag only the test sets: one GPU cannot make NCCL itself wait for a
+//! missing peer (NCCL refuses two ranks on one device), and the hold is
+//! released afterwards, so the GPU is left as it was found. With a GPU per
+//! rank, the other ranks' NCCL kernels wait for the held one, and it is
+//! the abort that ends them.
 
 use super::{err, Report};
-use cudarc::driver::sys::{self, CUstreamWaitValue_flags};
-use cudarc::driver::{CudaContext, DevicePtr};
+use cudarc::driver::sys;
 use kolo_nccl::{NcclComm, NcclOptions, Teardown};
 use kolo_protocol::ReduceOp;
 use kolo_transport::{Controller, Scale};
-use std::sync::Arc;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The operation timeout of this check's communicator.
@@ -39,38 +41,44 @@ pub fn run<C: Controller + ?Sized>(ctrl: &mut C, ordinal: usize, report: &mut Re
     report.check("watchdog: a timed-out allreduce aborts at once", outcome);
 }
 
+/// The most a hold lasts if the test never released it (a failed check):
+/// the stream then drains by itself.
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// The host function holding the stream: returns once the flag at
+/// `released` is set, or after [`HOLD_LIMIT`].
+unsafe extern "C" fn hold(released: *mut c_void) {
+    // SAFETY: `released` is the `AtomicBool` that `held_allreduce` leaked
+    // for this hold, so it outlives every call.
+    let released = unsafe { &*(released as *const AtomicBool) };
+    let since = Instant::now();
+    while !released.load(Ordering::Acquire) && since.elapsed() < HOLD_LIMIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn held_allreduce(mut comm: NcclComm) -> Result<(), String> {
-    let ctx: Arc<CudaContext> = comm.device().context().clone();
-    let side = ctx.new_stream().map_err(|e| e.to_string())?;
-    let gate = side.alloc_zeros::<u32>(1).map_err(|e| e.to_string())?;
-    side.synchronize().map_err(|e| e.to_string())?;
-    let mut buf = side
+    let stream = comm.stream().clone();
+    let mut buf = stream
         .clone_htod(&vec![1.0f32; 1024])
         .map_err(|e| e.to_string())?;
-    side.synchronize().map_err(|e| e.to_string())?;
-    let (word, _read) = gate.device_ptr(&side);
-    // SAFETY: `word` is a live u32 of this context's device memory (freed
-    // only after the release below ran); the stream is the communicator's.
+    stream.synchronize().map_err(|e| e.to_string())?;
+    // Leaked: the driver's thread may still read it after this returns.
+    let released: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // SAFETY: `hold` makes no CUDA call and reads `released`, which lives
+    // for the rest of the process; the stream is the communicator's.
     let held = unsafe {
-        sys::cuStreamWaitValue32_v2(
-            comm.stream().cu_stream(),
-            word,
-            1,
-            CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+        sys::cuLaunchHostFunc(
+            stream.cu_stream(),
+            Some(hold),
+            released as *const AtomicBool as *mut c_void,
         )
     };
     if held != sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuStreamWaitValue32: {held:?}"));
+        return Err(format!("cuLaunchHostFunc: {held:?}"));
     }
-    let outcome = check_abort(&mut comm, &mut buf);
-    // Release the stream whatever happened, so that its queue drains.
-    // SAFETY: as above; a synchronous one-word memset.
-    let released = unsafe { sys::cuMemsetD32_v2(word, 1, 1) };
-    let released = if released == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("cuMemsetD32 releasing the stream: {released:?}"))
-    };
+    let outcome = check_abort(&mut comm, &mut buf, released);
+    released.store(true, Ordering::Release);
     let started = Instant::now();
     let teardown = comm.close();
     let closed = if teardown == Teardown::Aborted && started.elapsed() < TEARDOWN * 2 {
@@ -81,12 +89,13 @@ fn held_allreduce(mut comm: NcclComm) -> Result<(), String> {
             started.elapsed()
         ))
     };
-    outcome.and(released).and(closed)
+    outcome.and(closed)
 }
 
 fn check_abort(
     comm: &mut NcclComm,
     buf: &mut cudarc::driver::CudaSlice<f32>,
+    released: &AtomicBool,
 ) -> Result<(), String> {
     let work = comm
         .all_reduce(buf, ReduceOp::Sum, Scale::NONE)
@@ -96,12 +105,22 @@ fn check_abort(
         .err()
         .ok_or("the held allreduce completed")?
         .to_string();
+    // The handle's failure is seen only once the communicator is marked
+    // broken, so nothing submitted now is accepted.
+    let refused = comm.flush().err().map(|e| e.to_string());
+    // `ncclCommAbort` waits for the stream's queue too, held here by a
+    // host function it cannot end: release it (as the abort ends NCCL's
+    // own kernels waiting for a peer). The teardown, still to come, would
+    // abort as well; the error saying so before it is the watchdog's.
+    released.store(true, Ordering::Release);
     if !(failed.contains("timed out") && failed.contains("allreduce")) {
         return Err(format!(
             "the handle failed with {failed:?}, not a timeout naming it"
         ));
     }
-    // The watchdog aborts right after failing the handles, on its thread.
+    if refused.is_none() {
+        return Err("a call right after the timeout was accepted".into());
+    }
     let since = Instant::now();
     loop {
         let refused = match comm.flush() {

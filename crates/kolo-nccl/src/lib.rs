@@ -71,7 +71,9 @@
 //! the device's single completion thread (which spins briefly before it
 //! sleeps, so back-to-back operations do not pay for waking it). That
 //! thread also polls NCCL's asynchronous errors and fails pending work
-//! when a peer dies or an operation outlives [`NcclOptions::op_timeout`].
+//! when a peer dies or an operation outlives [`NcclOptions::op_timeout`],
+//! then aborts the communicator (`ncclCommAbort`) at once, so that NCCL's
+//! kernels waiting for a lost peer end; later calls fail saying so.
 //! Dropping a communicator finalizes it when healthy and aborts it
 //! otherwise, within [`NcclOptions::teardown_timeout`]; in thread mode the
 //! ranks finalize together and none returns before all are done.

@@ -166,6 +166,7 @@ impl NcclComm {
             Box::new(DeviceWatch {
                 watchdog,
                 ctx: device.context().clone(),
+                health: health.clone(),
             }),
         )?;
         Ok(NcclComm {

@@ -199,10 +199,12 @@ pub(crate) trait Watch: Send + 'static {
     fn abort(&mut self) -> bool;
 }
 
-/// A device's [`Watchdog`] and the context its abort runs in.
+/// A device's [`Watchdog`], the context its abort runs in, and the health
+/// it reports the abort to.
 pub(crate) struct DeviceWatch {
     pub(crate) watchdog: Watchdog,
     pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) health: Arc<Health>,
 }
 
 impl Watch for DeviceWatch {
@@ -212,18 +214,23 @@ impl Watch for DeviceWatch {
 
     /// Aborts on a thread of its own, waited for a bounded while:
     /// `ncclCommAbort` also waits for what the communicator's stream waits
-    /// on, which may be work of the application's that never ends (a
-    /// stream held by a host function, say), and this thread must stay
-    /// free to be stopped by the teardown.
+    /// on, which may be work of the application's that ends late or never
+    /// (a stream held by a host function, say), and this thread must stay
+    /// free to be stopped by the teardown. An abort that ends after the
+    /// wait still marks the health.
     fn abort(&mut self) -> bool {
         let mut watchdog = self.watchdog.clone();
-        let ctx = self.ctx.clone();
+        let (ctx, health) = (self.ctx.clone(), self.health.clone());
         let (tx, rx) = crossbeam_channel::bounded(1);
         let spawned = std::thread::Builder::new()
             .name("kolo-nccl-abort".into())
             .spawn(move || {
                 let _ = ctx.bind_to_thread();
-                let _ = tx.send(watchdog.abort(ABORT_WAIT));
+                let aborted = watchdog.abort(ABORT_WAIT);
+                if aborted {
+                    health.note_aborted();
+                }
+                let _ = tx.send(aborted);
             });
         match spawned {
             Ok(_detached) => rx.recv_timeout(ABORT_WAIT * 2).unwrap_or(false),

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     for (name, tls) in TRANSPORTS {
         for np in [2usize, 3, 4] {
             let job = format!("ucx_conformance_{name}_np{np}");
-            match run_job(&exe, np, tls) {
+            match run_job(&exe, np, &[], tls) {
                 Ok(()) => println!("test {job} ... ok"),
                 Err(why) => {
                     println!("test {job} ... FAILED\n{why}");
@@ -60,7 +60,8 @@ fn main() -> ExitCode {
         }
     }
     let job = "ucx_rail_thread_ends_with_its_communicator_tcp_np2";
-    match rail_job(&exe) {
+    // Two ranks over TCP (two rails) run `rail_rank_main`.
+    match run_job(&exe, 2, &["--rail"], "tcp,self") {
         Ok(()) => println!("test {job} ... ok"),
         Err(why) => {
             println!("test {job} ... FAILED\n{why}");
@@ -87,32 +88,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs `np` ranks of this binary with `UCX_TLS=tls` (as `kolo-run`
-/// starts them): every rank must succeed within the bound.
-fn run_job(exe: &std::path::Path, np: usize, tls: &str) -> Result<(), String> {
+/// Runs `np` ranks of this binary with `args` and `UCX_TLS=tls` (as
+/// `kolo-run` starts them): every rank must succeed within the bound.
+fn run_job(exe: &std::path::Path, np: usize, args: &[&str], tls: &str) -> Result<(), String> {
     let env = [("UCX_TLS", tls), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
-    let ranks = kolo_run::run_captured(np, exe, &[], &env, JOB_BOUND)?;
-    let report: String = ranks
-        .iter()
-        .filter(|r| !r.succeeded())
-        .map(|r| {
-            format!(
-                "rank {} ended with {:?}:\n{}{}\n",
-                r.rank, r.status, r.stdout, r.stderr
-            )
-        })
-        .collect();
-    if report.is_empty() {
-        Ok(())
-    } else {
-        Err(report)
-    }
-}
-
-/// Two ranks over TCP (two rails) run [`rail_rank_main`].
-fn rail_job(exe: &std::path::Path) -> Result<(), String> {
-    let env = [("UCX_TLS", "tcp,self"), ("KOLO_RENDEZVOUS_TIMEOUT", "60")];
-    let ranks = kolo_run::run_captured(2, exe, &["--rail"], &env, JOB_BOUND)?;
+    let ranks = kolo_run::run_captured(np, exe, args, &env, JOB_BOUND)?;
     let report: String = ranks
         .iter()
         .filter(|r| !r.succeeded())

@@ -10,17 +10,61 @@ use crate::error::NcclError;
 use crate::options::{CopyEngine, Mode, NcclOptions};
 use crate::outbox::Outbox;
 use crate::probe;
-use crate::safe::completion::{Completer, DeviceWatch, Entry};
+use crate::safe::completion::{Completer, Entry, Watch};
 use crate::safe::copy_engine::CopyEngines;
 use crate::safe::device::{Device, EventFence};
 use crate::safe::peer_buffers::PeerBuffers;
-use crate::safe::raw_comm::{InUse, RawComm};
+use crate::safe::raw_comm::{InUse, RawComm, Watchdog};
 use crate::safe::teardown::{teardown, Teardown};
 use crate::safe::work::{Health, Work};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaContext, CudaSlice};
 use kolo_transport::{Controller, Topology};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A device's [`Watchdog`], the context its abort runs in, and the health
+/// it reports the abort to.
+struct DeviceWatch {
+    watchdog: Watchdog,
+    ctx: Arc<CudaContext>,
+    health: Arc<Health>,
+}
+
+impl Watch for DeviceWatch {
+    fn check(&mut self) -> Option<NcclError> {
+        self.watchdog.check()
+    }
+
+    /// Aborts on a thread of its own, waited for a bounded while:
+    /// `ncclCommAbort` also waits for what the communicator's stream waits
+    /// on, which may be work of the application's that ends late or never
+    /// (a stream held by a host function, say), and this thread must stay
+    /// free to be stopped by the teardown. An abort that ends after the
+    /// wait still marks the health.
+    fn abort(&mut self) -> bool {
+        let mut watchdog = self.watchdog.clone();
+        let (ctx, health) = (self.ctx.clone(), self.health.clone());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let spawned = std::thread::Builder::new()
+            .name("kolo-nccl-abort".into())
+            .spawn(move || {
+                let _ = ctx.bind_to_thread();
+                let aborted = watchdog.abort(ABORT_WAIT);
+                if aborted {
+                    health.note_aborted();
+                }
+                let _ = tx.send(aborted);
+            });
+        match spawned {
+            Ok(_detached) => rx.recv_timeout(ABORT_WAIT * 2).unwrap_or(false),
+            Err(_) => self.watchdog.abort(ABORT_WAIT),
+        }
+    }
+}
+
+/// How long the watchdog waits for a call into the communicator under way
+/// before it aborts beneath it (see [`Watchdog::abort`]).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
 
 /// One rank of an NCCL communicator, bound to one GPU.
 ///

@@ -33,7 +33,7 @@ pub(crate) struct Entry<F> {
     pub(crate) since: Instant,
 }
 
-/// What one [`Queue::poll`] did.
+/// What one [`Queue::poll_then`] did.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Progress {
     pub(crate) completed: usize,
@@ -64,6 +64,12 @@ impl<F: Fence> Queue<F> {
         self.entries.len()
     }
 
+    /// [`Queue::poll_then`] with nothing to call first.
+    #[cfg(test)]
+    pub(crate) fn poll(&mut self, now: Instant) -> Progress {
+        self.poll_then(now, |_| {})
+    }
+
     /// Completes the entries whose fences are done, oldest first, up to
     /// the first one still pending: the fences are events recorded on one
     /// stream, which complete in order, so later ones need no query (with
@@ -71,14 +77,9 @@ impl<F: Fence> Queue<F> {
     /// the driver busy against the thread enqueueing more). A fence error,
     /// or the oldest pending entry older than the timeout at `now`, fails
     /// every entry and is returned as the failure.
-    #[cfg(test)]
-    pub(crate) fn poll(&mut self, now: Instant) -> Progress {
-        self.poll_then(now, |_| {})
-    }
-
-    /// [`Queue::poll`], calling `first` with the failure (if any) before
-    /// the failed entries' waiters wake: a waiter that goes on to submit
-    /// more must find the communicator already marked broken.
+    /// `first` is called with the failure before the failed entries'
+    /// waiters wake: a waiter that goes on to submit more must find the
+    /// communicator already marked broken.
     pub(crate) fn poll_then(&mut self, now: Instant, first: impl FnOnce(&NcclError)) -> Progress {
         let mut progress = Progress::default();
         let mut failure = None;

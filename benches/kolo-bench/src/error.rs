@@ -128,4 +128,9 @@ pub enum BenchError {
         #[source]
         source: std::io::Error,
     },
+    /// An error this rank has already written to stderr (see
+    /// [`crate::agreement::exchange::agree_as_process`]); the caller
+    /// only exits.
+    #[error(transparent)]
+    Said(Box<BenchError>),
 }

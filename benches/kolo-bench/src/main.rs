@@ -2,8 +2,9 @@
 
 use clap::Parser;
 use kolo_bench::cli::Args;
-use kolo_bench::report::Reporter;
-use std::io::{IsTerminal, Write};
+use kolo_bench::error::BenchError;
+use kolo_bench::report::{say, Reporter};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -35,20 +36,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Ok(_) => ExitCode::SUCCESS,
+        Err(BenchError::Said(_)) => ExitCode::FAILURE,
         Err(e) => {
             reporter.clear_progress();
             say(&format!("kolo-bench: {e}"));
             ExitCode::FAILURE
         }
     }
-}
-
-/// Writes `line` to stderr in one write: under mpirun every rank's stderr
-/// is merged, and a line written in pieces interleaves with another
-/// rank's.
-fn say(line: &str) {
-    let mut bytes = line.as_bytes().to_vec();
-    bytes.push(b'\n');
-    // Nothing is left to tell the user if stderr itself is gone.
-    let _ = std::io::stderr().lock().write_all(&bytes);
 }

@@ -13,6 +13,7 @@ use crate::launcher::RankJob;
 use crate::memory::available::Probe;
 use crate::memory::Footprint;
 use crate::plan::Plan;
+use crate::report::say;
 use kolo_transport::{Backend, Controller};
 
 /// What this process proposes, the same on each of its ranks: the
@@ -98,6 +99,27 @@ pub fn agree<C: Controller>(
         (Ok(()), _) => proposal.measurable(comm.size()),
         (verdict, _) => verdict,
     }
+}
+
+/// [`agree`] on a rank that is a process of its own (under mpirun or
+/// kolo-run). A refusal is written to stderr at once, and the ranks meet
+/// once more before any of them returns: the launcher ends the job at the
+/// first rank that exits non-zero and kills the others where they stand,
+/// so a rank still on its way to saying why it stopped would lose its
+/// line. The error comes back as [`BenchError::Said`].
+pub fn agree_as_process<C: Controller>(
+    comm: &mut C,
+    proposal: &Proposal,
+    json: &JsonFile,
+    local: Option<BenchError>,
+) -> Result<(), BenchError> {
+    agree(comm, proposal, json, local).map_err(|refusal| {
+        say(&format!("kolo-bench: {refusal}"));
+        // Every rank reached the same verdict and makes this call; one
+        // that cannot meet the others has said its part already.
+        let _ = comm.control_barrier();
+        BenchError::Said(Box::new(refusal))
+    })
 }
 
 /// [`agree`] as a job of every rank a launcher hosts; each rank's output

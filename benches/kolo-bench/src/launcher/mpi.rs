@@ -10,7 +10,7 @@
 //! since its peers would otherwise wait for it forever.
 
 use super::{engine_sweep, root_finish, Launcher, RankJob};
-use crate::agreement::exchange::{agree, Proposal};
+use crate::agreement::exchange::{agree_as_process, Proposal};
 use crate::baseline::MpiAllreduce;
 use crate::cli::Args;
 use crate::direct::DirectJob;
@@ -58,7 +58,7 @@ impl MpiLauncher {
     }
 
     /// Agrees with every rank on `proposal` (see
-    /// [`crate::agreement::exchange::agree`]).
+    /// [`agree_as_process`]).
     pub fn agree(
         &self,
         proposal: &Proposal,
@@ -69,7 +69,7 @@ impl MpiLauncher {
             backend: "mpi",
             message: "a job is already running on this rank".into(),
         })?;
-        agree(&mut *comm, proposal, json, local)
+        agree_as_process(&mut *comm, proposal, json, local)
     }
 
     /// Ends the whole job with `MPI_Abort`, printing `message` and this rank.
@@ -196,7 +196,7 @@ fn run_engine(
             let mut comm = MpiComm::init(disable).map_err(|e| kolo::Error::Start {
                 message: format!("MPI initialisation failed: {e}"),
             })?;
-            agree(&mut comm, &agreed, &file, None).map_err(|e| {
+            agree_as_process(&mut comm, &agreed, &file, None).map_err(|e| {
                 let message = e.to_string();
                 *why.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 kolo::Error::Start { message }

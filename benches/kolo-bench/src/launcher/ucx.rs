@@ -8,7 +8,7 @@
 //! stops the job.
 
 use super::{engine_sweep, root_finish, RankJob};
-use crate::agreement::exchange::{agree, Proposal};
+use crate::agreement::exchange::{agree_as_process, Proposal};
 use crate::cli::Args;
 use crate::direct::DirectJob;
 use crate::error::BenchError;
@@ -31,7 +31,7 @@ pub fn run(
         backend: "ucx",
         message: format!("{e} (start kolo-bench with kolo-run, or set torchrun's variables)"),
     })?;
-    agree(&mut comm, &proposal, &json, None)?;
+    agree_as_process(&mut comm, &proposal, &json, None)?;
     let rank = comm.rank();
     let silent = Reporter::silent();
     let reporter = if rank == 0 { reporter } else { &silent };

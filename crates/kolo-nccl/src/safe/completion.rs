@@ -300,23 +300,20 @@ fn run<F: Fence>(
             queue.fail_all(&health.broken_error());
         }
         let progress = queue.poll_then(now, |cause| health.fail(cause));
-        let mut failed = progress.failure.clone();
+        let mut failed = progress.failure.is_some();
         if now.duration_since(last_check) >= HEALTH_PERIOD {
             last_check = now;
             if let Some(cause) = watch.check() {
                 health.fail(&cause);
                 queue.fail_all(&cause);
-                failed.get_or_insert(cause);
+                failed = true;
             }
         }
-        // The waiters have their errors; now end what still runs on the
-        // device, without waiting for the owner to tear the communicator
-        // down.
-        if let Some(cause) = failed {
-            health.fail(&cause);
-            if watch.abort() {
-                health.note_aborted();
-            }
+        // The waiters have their errors and the health its cause; now end
+        // what still runs on the device, without waiting for the owner to
+        // tear the communicator down.
+        if failed && watch.abort() {
+            health.note_aborted();
         }
         if progress.completed == 0 && progress.pending > 0 {
             backoff.snooze();

@@ -101,20 +101,18 @@ impl UcxComm {
     /// each (every rank calls it). Its large allreduces go over two rails
     /// where every rank asks for it (see [`crate::rails`]).
     pub fn connect(rendezvous: &mut Rendezvous) -> std::result::Result<UcxComm, UcxError> {
-        let rails = rails::requested(|name| std::env::var(name).ok()).map_err(UcxError::Setting)?;
+        let request =
+            rails::requested(|name| std::env::var(name).ok()).map_err(UcxError::Setting)?;
         let everyone: Vec<usize> = (0..rendezvous.world_size()).collect();
         let comm = UcxComm::connect_ranks(rendezvous, &everyone)?;
         let mut comm = comm.expect("every rank is a member");
-        if let Some(mut rail) = rails::connect(rendezvous, &comm, rails)? {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if let Some(rail) = rails::connect(rendezvous, &comm, request)? {
             // Two waiting threads a process: spinning ones would keep the
             // ranks they wait for off the cores.
-            let crowded = 2 * rendezvous.local_world_size() > cores;
-            if crowded {
-                rail.spin_polls = 0;
+            if rail.crowded {
                 comm.spin_polls = 0;
             }
-            comm.rail = Some(rails::start(rail, crowded)?);
+            comm.rail = Some(rails::start(rail)?);
         }
         Ok(comm)
     }
@@ -135,7 +133,8 @@ impl UcxComm {
         check_members(members, world)?;
         let me = rendezvous.rank();
         let position = members.iter().position(|&r| r == me);
-        let worker = position.map(|_| Worker::new()).transpose()?;
+        let across_hosts = rendezvous.local_world_size() < world;
+        let worker = position.map(|_| Worker::new(across_hosts)).transpose()?;
         let asks =
             hierarchical::requested(|name| std::env::var(name).ok()).map_err(UcxError::Setting)?;
         // A member's first rank of its host, whether it asks for the
@@ -210,7 +209,11 @@ impl UcxComm {
             .iter()
             .position(|&r| r == me)
             .ok_or_else(|| UcxError::Members(format!("rank {me} is not among {members:?}")))?;
-        let worker = Worker::new()?;
+        // The job's span as its launcher gave it (this call sees only its
+        // members' hosts, after its worker exists).
+        let across_hosts = kolo_rendezvous::LaunchVars::from_env()
+            .is_ok_and(|job| job.local_world_size < job.world_size);
+        let worker = Worker::new(across_hosts)?;
         let key = |member: usize| format!("{space}/address/{member}");
         let mine = [host.to_le_bytes().as_slice(), &worker.address()?].concat();
         client.set(&key(me), &mine)?;

@@ -27,11 +27,13 @@ unsafe impl Send for Worker {}
 impl Worker {
     /// A context with tag matching (configured from `UCX_*` variables, and
     /// kolo's settings where they leave UCX's defaults: see
-    /// [`crate::tuning`]) and its worker.
-    pub fn new() -> Result<Worker, UcsError> {
+    /// [`crate::tuning`]; `across_hosts`: the job's ranks span hosts) and
+    /// its worker.
+    pub fn new(across_hosts: bool) -> Result<Worker, UcsError> {
         // SAFETY: the config is released below, after the context is made.
         let config = unsafe { result::config_read() }?;
-        if let Err(e) = apply(config, &tuning::settings(|name| std::env::var(name).ok())) {
+        let settings = tuning::settings(|name| std::env::var(name).ok(), across_hosts);
+        if let Err(e) = apply(config, &settings) {
             // SAFETY: the config is not used again.
             unsafe { result::config_release(config) };
             return Err(e);

@@ -3,7 +3,8 @@
 # `cargo xtask test-gpu` puts in gpu-dist/, with this script from
 # xtask/gpu/) on 1 and 2 GPUs, thread per GPU,
 # on 2 GPUs one process per GPU under mpirun (Kolo::init_nccl_mpi), and
-# one process per GPU under kolo-run (Kolo::init_nccl_ucx) on 1 and 2.
+# one process per GPU under kolo-run (Kolo::init_nccl_ucx) on 1 and 2,
+# and on 2 a rank of that job killed with SIGKILL mid-allreduce.
 # Logs go to ${OUT:-./gpu-out}; the exit status is 0 only if every run
 # passed (or was skipped for lack of GPUs).
 #
@@ -39,8 +40,26 @@ fi
 run engine-store-1gpu ./kolo-run -n 1 --master-port 0 ./gpu_engine_ucx
 if [ "$gpus" -ge 2 ]; then
   run engine-store-2gpu ./kolo-run -n 2 --master-port 0 ./gpu_engine_ucx
+  # A rank killed with SIGKILL mid-allreduce (gpu_engine's killed.rs):
+  # kolo-run must exit non-zero naming rank 1, and rank 0 must say how
+  # its allreduce failed (naming rank 1, within 30 s) and that it shut
+  # down.
+  echo "== engine-store-killed-2gpu"
+  timeout 300 ./kolo-run --grace 90 -n 2 --master-port 0 ./gpu_engine_ucx --killed \
+    >"$OUT/engine-store-killed-2gpu.log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] &&
+    grep -q 'rank 1 (pid [0-9]*) was killed by signal 9' "$OUT/engine-store-killed-2gpu.log" &&
+    grep -q '^kolo-killed survivor 0:' "$OUT/engine-store-killed-2gpu.log"; then
+    grep '^kolo-killed survivor' "$OUT/engine-store-killed-2gpu.log"
+    echo "== engine-store-killed-2gpu: passed (kolo-run exit $rc)"
+  else
+    tail -n 40 "$OUT/engine-store-killed-2gpu.log"
+    echo "== engine-store-killed-2gpu: FAIL (kolo-run exit $rc)"
+    status=1
+  fi
 else
-  echo "skipped: engine-store-2gpu needs 2 GPUs"
+  echo "skipped: engine-store-2gpu and engine-store-killed-2gpu need 2 GPUs"
 fi
 if [ "${BENCH:-0}" = 1 ]; then
   run engine-bench ./gpu_engine --gpus "$([ "${gpus:-0}" -ge 2 ] && echo 2 || echo 1)" --bench

@@ -19,10 +19,13 @@
 //! instead: `mpirun -np 2 gpu_engine [--bench]`; built with `ucx` and
 //! started by kolo-run (or torchrun's variables), on `Kolo::init_nccl_ucx`,
 //! NCCL bootstrapped through the rendezvous store: `kolo-run -n 2
-//! gpu_engine`.
+//! gpu_engine`. There, `--killed` kills a rank mid-allreduce instead
+//! (see `killed.rs`).
 
 mod bench;
 mod checks;
+#[cfg(feature = "ucx")]
+mod killed;
 mod suite;
 
 use kolo::nccl::NcclOptions;
@@ -65,6 +68,13 @@ fn main() {
     }
     #[cfg(feature = "ucx")]
     if std::env::var_os("MASTER_ADDR").is_some() && std::env::var_os("RANK").is_some() {
+        if args.iter().any(|a| a == "--killed") {
+            let outcome = killed::run(Kolo::init_nccl_ucx_with);
+            if let Err(why) = &outcome {
+                println!("FAIL --killed: {why}");
+            }
+            std::process::exit(i32::from(outcome.is_err()));
+        }
         let ok = run_process("Kolo::init_nccl_ucx", Kolo::init_nccl_ucx_with, bench);
         std::process::exit(i32::from(!ok));
     }

@@ -37,6 +37,7 @@ use crate::safe::worker::Worker;
 use kolo_rendezvous::Rendezvous;
 use kolo_transport::algorithms::RailThread;
 use kolo_transport::Controller;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// Rails of a world communicator: `1` or `2`.
@@ -116,23 +117,30 @@ pub(crate) struct Seat {
     pub(crate) cores: usize,
 }
 
-/// Whether `machine`'s ranks among `seats` outnumber half its cores (the
-/// fewest any of them may use): with a rail each, their waiting threads
-/// would take turns on the cores.
-pub(crate) fn crowded(seats: &[Seat], machine: u64) -> bool {
-    let on_it = seats.iter().filter(|s| s.machine == machine);
-    let ranks = on_it.clone().count();
-    let cores = on_it.map(|s| s.cores).min().unwrap_or(0);
-    2 * ranks > cores
+/// The machines among `seats` whose ranks outnumber half their cores (the
+/// fewest any of their ranks may use): with a rail each, those ranks'
+/// waiting threads would take turns on the cores.
+pub(crate) fn crowded_machines(seats: &[Seat]) -> HashSet<u64> {
+    let mut tally: HashMap<u64, (usize, usize)> = HashMap::new();
+    for seat in seats {
+        let (ranks, cores) = tally.entry(seat.machine).or_insert((0, usize::MAX));
+        *ranks += 1;
+        *cores = (*cores).min(seat.cores);
+    }
+    tally
+        .into_iter()
+        .filter(|(_, (ranks, cores))| 2 * ranks > *cores)
+        .map(|(machine, _)| machine)
+        .collect()
 }
 
 /// Whether the job, every rank of which asked for the rail, takes it:
-/// each rank's user asked, or its machine is not [`crowded`]. Every rank
-/// decides from the same seats, so all decide alike.
-pub(crate) fn take_rail(seats: &[Seat]) -> bool {
+/// each rank's user asked, or its machine is not among `crowded`. Every
+/// rank decides from the same seats, so all decide alike.
+pub(crate) fn take_rail(seats: &[Seat], crowded: &HashSet<u64>) -> bool {
     seats
         .iter()
-        .all(|seat| seat.by_user || !crowded(seats, seat.machine))
+        .all(|seat| seat.by_user || !crowded.contains(&seat.machine))
 }
 
 /// The machine this process runs on, as every process on it sees it: a
@@ -149,7 +157,8 @@ pub(crate) fn machine(host: u64) -> u64 {
     }
 }
 
-/// A connected second rail, and whether its machine is [`crowded`].
+/// A connected second rail, and whether its machine is crowded
+/// ([`crowded_machines`]).
 pub(crate) struct Rail {
     comm: UcxComm,
     pub(crate) crowded: bool,
@@ -218,11 +227,13 @@ pub(crate) fn connect(
         addresses.push(address.to_vec());
     }
     let every_rank_asked = addresses.len() == all.len();
-    let Some((_, worker)) = worker.filter(|_| every_rank_asked && take_rail(&seats)) else {
+    let crowded = crowded_machines(&seats);
+    let Some((_, worker)) = worker.filter(|_| every_rank_asked && take_rail(&seats, &crowded))
+    else {
         rendezvous.barrier("ucx/rail")?;
         return Ok(None);
     };
-    let crowded = crowded(&seats, seats[comm.rank].machine);
+    let crowded = crowded.contains(&seats[comm.rank].machine);
     let local_world = rendezvous.local_world_size();
     let mut rail = UcxComm::assemble(worker, comm.rank, &hosts, &addresses, local_world, None)?;
     // The watchdog's interruption ends both rails' waits.
@@ -309,23 +320,28 @@ mod tests {
         }
     }
 
+    fn takes(seats: &[Seat]) -> bool {
+        take_rail(seats, &crowded_machines(seats))
+    }
+
     #[test]
     fn a_machine_is_crowded_where_its_ranks_outnumber_half_its_cores() {
         // Two namespaces of one 2-core machine: one rank each, 2 threads each.
         let shared = [seat(7, 2, false), seat(7, 2, false)];
-        assert!(crowded(&shared, 7));
-        assert!(!take_rail(&shared));
+        assert_eq!(crowded_machines(&shared), HashSet::from([7]));
+        assert!(!takes(&shared));
         // The same two ranks on two machines of 2 cores.
         let apart = [seat(7, 2, false), seat(8, 2, false)];
-        assert!(!crowded(&apart, 7) && !crowded(&apart, 8));
-        assert!(take_rail(&apart));
+        assert!(crowded_machines(&apart).is_empty());
+        assert!(takes(&apart));
         // Four ranks on 8 cores fit; a fifth does not.
         let four: Vec<Seat> = (0..4).map(|_| seat(1, 8, false)).collect();
-        assert!(take_rail(&four));
+        assert!(takes(&four));
         let five: Vec<Seat> = (0..5).map(|_| seat(1, 8, false)).collect();
-        assert!(!take_rail(&five));
+        assert!(!takes(&five));
         // The fewest cores any rank of the machine may use count.
-        assert!(crowded(&[seat(1, 16, false), seat(1, 3, false)], 1));
+        let uneven = [seat(1, 16, false), seat(1, 3, false)];
+        assert_eq!(crowded_machines(&uneven), HashSet::from([1]));
     }
 
     #[test]
@@ -336,14 +352,14 @@ mod tests {
             seat(2, 2, false),
             seat(2, 2, false),
         ];
-        assert!(!take_rail(&mixed));
+        assert!(!takes(&mixed));
         let asked = [
             seat(1, 16, false),
             seat(1, 16, false),
             seat(2, 2, true),
             seat(2, 2, true),
         ];
-        assert!(take_rail(&asked));
+        assert!(takes(&asked));
     }
 
     #[test]

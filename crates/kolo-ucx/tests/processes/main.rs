@@ -41,63 +41,65 @@ fn main() -> ExitCode {
         };
     }
     let exe = std::env::current_exe().expect("the test binary's path");
-    let mut failed = Vec::new();
+    let mut jobs = Jobs::default();
     for (name, tls) in TRANSPORTS {
         for np in [2usize, 3, 4] {
-            let job = format!("ucx_conformance_{name}_np{np}");
             // TCP on two rails wherever it runs (see the module's docs).
             let rails = if name == "tcp" { "2" } else { "1" };
-            match run_job(&exe, np, &[], tls, rails) {
-                Ok(()) => println!("test {job} ... ok"),
-                Err(why) => {
-                    println!("test {job} ... FAILED\n{why}");
-                    failed.push(job);
-                }
+            jobs.report(
+                &format!("ucx_conformance_{name}_np{np}"),
+                run_job(&exe, np, &[], tls, rails),
+            );
+        }
+    }
+    jobs.report(
+        "ucx_conformance_two_namespaces_tcp_np4",
+        namespaces::job(&exe),
+    );
+    // Two ranks over TCP on two rails run `rail_rank_main`.
+    jobs.report(
+        "ucx_rail_thread_ends_with_its_communicator_tcp_np2",
+        run_job(&exe, 2, &["--rail"], "tcp,self", "2"),
+    );
+    jobs.report(
+        "ucx_rails_unasked_follow_the_cores_tcp_np2",
+        run_job(&exe, 2, &["--rails-unasked"], "tcp,self", ""),
+    );
+    jobs.report("ucx_rank_killed_mid_collective_tcp_np3", killed_job(&exe));
+    jobs.finish()
+}
+
+/// The jobs run so far, in the test harness's words.
+#[derive(Default)]
+struct Jobs {
+    passed: usize,
+    failed: Vec<String>,
+}
+
+impl Jobs {
+    /// Prints `job`'s line and counts it.
+    fn report(&mut self, job: &str, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => {
+                println!("test {job} ... ok");
+                self.passed += 1;
+            }
+            Err(why) => {
+                println!("test {job} ... FAILED\n{why}");
+                self.failed.push(job.to_owned());
             }
         }
     }
-    let job = "ucx_conformance_two_namespaces_tcp_np4";
-    match namespaces::job(&exe) {
-        Ok(()) => println!("test {job} ... ok"),
-        Err(why) => {
-            println!("test {job} ... FAILED\n{why}");
-            failed.push(job.to_owned());
+
+    /// The summary line, and the exit status it implies.
+    fn finish(self) -> ExitCode {
+        if self.failed.is_empty() {
+            println!("test result: ok. {} passed; 0 failed", self.passed);
+            ExitCode::SUCCESS
+        } else {
+            println!("test result: FAILED. failed: {:?}", self.failed);
+            ExitCode::FAILURE
         }
-    }
-    let job = "ucx_rail_thread_ends_with_its_communicator_tcp_np2";
-    // Two ranks over TCP on two rails run `rail_rank_main`.
-    match run_job(&exe, 2, &["--rail"], "tcp,self", "2") {
-        Ok(()) => println!("test {job} ... ok"),
-        Err(why) => {
-            println!("test {job} ... FAILED\n{why}");
-            failed.push(job.to_owned());
-        }
-    }
-    let job = "ucx_rails_unasked_follow_the_cores_tcp_np2";
-    match run_job(&exe, 2, &["--rails-unasked"], "tcp,self", "") {
-        Ok(()) => println!("test {job} ... ok"),
-        Err(why) => {
-            println!("test {job} ... FAILED\n{why}");
-            failed.push(job.to_owned());
-        }
-    }
-    let job = "ucx_rank_killed_mid_collective_tcp_np3";
-    match killed_job(&exe) {
-        Ok(()) => println!("test {job} ... ok"),
-        Err(why) => {
-            println!("test {job} ... FAILED\n{why}");
-            failed.push(job.to_owned());
-        }
-    }
-    if failed.is_empty() {
-        println!(
-            "test result: ok. {} passed; 0 failed",
-            TRANSPORTS.len() * 3 + 4
-        );
-        ExitCode::SUCCESS
-    } else {
-        println!("test result: FAILED. failed: {failed:?}");
-        ExitCode::FAILURE
     }
 }
 
